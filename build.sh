@@ -1,0 +1,195 @@
+#!/usr/bin/env bash
+# Build, test, demo and bench entry point.
+#   ./build.sh [build] [--with-boto3]   layer zips in dist/, one per architecture, verified
+#   ./build.sh test [PYTEST_ARGS...]    fresh-machine setup, ruff, build, downloads, pytest
+#   ./build.sh demo                     the unmodified examples/orders handler under the layer, locally
+#   ./build.sh bench [ARGS...]          bench/run.py
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cd "$ROOT"
+
+ORJSON_VERSION=3.13.0 # has cp310..cp314 manylinux2014 wheels for x86_64 and aarch64
+BOTO3_VERSION=1.44.8  # only for --with-boto3; the runtime's boto3 is used otherwise
+PYTHONS=(3.10 3.11 3.12 3.13 3.14)
+ARCHES=(x86_64 arm64)
+MAX_ZIP_BYTES=$((3 * 1024 * 1024))
+# Outside the work tree so fresh clones (CI) reuse it, and builds still work when the index is unreachable.
+WHEEL_CACHE=${IDEMPOTENCY_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/idempotency-layer/wheels}
+VENV=$ROOT/.venv
+
+log() { printf '==> %s\n' "$*" >&2; }
+die() { printf 'build.sh: %s\n' "$*" >&2; exit 1; }
+
+# Any Python with pip does for building; prefer the project venv's newer pip when it exists.
+host_python() {
+  if [[ -x $VENV/bin/python ]]; then echo "$VENV/bin/python"; else echo python3; fi
+}
+
+# pip install into a target dir from the wheel cache; fetch into the cache only when it lacks the wheels.
+cached_install() { # TARGET PIP_ARGS... REQUIREMENT...
+  local target=$1 py
+  shift
+  py=$(host_python)
+  mkdir -p "$WHEEL_CACHE"
+  if ! "$py" -m pip install --quiet --no-index --find-links "$WHEEL_CACHE" --no-compile \
+    --target "$target" "$@" 2>/dev/null; then
+    "$py" -m pip download --quiet --dest "$WHEEL_CACHE" "$@" ||
+      die "could not fetch $* (no network and not in $WHEEL_CACHE?)"
+    "$py" -m pip install --quiet --no-index --find-links "$WHEEL_CACHE" --no-compile \
+      --target "$target" "$@"
+  fi
+}
+
+# Deterministic zip: sorted entries, fixed timestamps, mode 0755 for executables and 0644 otherwise.
+write_zip() { # SRC_DIR ZIP
+  "$(host_python)" - "$1" "$2" <<'PY'
+import os, sys, zipfile
+
+src, out = sys.argv[1], sys.argv[2]
+paths = sorted(
+    os.path.relpath(os.path.join(d, f), src) for d, _, files in os.walk(src) for f in files
+)
+with zipfile.ZipFile(out + ".tmp", "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zf:
+    for rel in paths:
+        full = os.path.join(src, rel)
+        info = zipfile.ZipInfo(rel.replace(os.sep, "/"), date_time=(1980, 1, 1, 0, 0, 0))
+        info.external_attr = (0o100755 if os.access(full, os.X_OK) else 0o100644) << 16
+        info.create_system = 3  # Unix, so unzip and Lambda honour the mode bits
+        info.compress_type = zipfile.ZIP_DEFLATED
+        with open(full, "rb") as f:
+            zf.writestr(info, f.read())
+os.replace(out + ".tmp", out)
+PY
+}
+
+build_arch() { # ARCH WITH_BOTO3
+  local arch=$1 with_boto3=$2 stage=$ROOT/build/layer-$1 platform py
+  case $arch in
+    x86_64) platform=manylinux2014_x86_64 ;;
+    arm64) platform=manylinux2014_aarch64 ;;
+  esac
+  rm -rf "$stage"
+  mkdir -p "$stage/python"
+
+  install -m 0755 wrapper/idempotency-wrapper "$stage/idempotency-wrapper"
+  # Only the package's sources: no caches, no tests.
+  (cd layer && find idempotency_layer \( -name __pycache__ -o -name tests -o -name test \) -prune \
+    -o -type f \( -name '*.py' -o -name py.typed \) -print) |
+    while read -r f; do install -D -m 0644 "layer/$f" "$stage/python/$f"; done
+
+  # The runtime puts /opt/python/lib/python3.X/site-packages on sys.path, so each Python gets its own orjson.
+  for py in "${PYTHONS[@]}"; do
+    cached_install "$stage/python/lib/python$py/site-packages" --no-deps --only-binary=:all: \
+      --platform "$platform" --python-version "$py" --implementation cp "orjson==$ORJSON_VERSION"
+  done
+  if [[ $with_boto3 == 1 ]]; then
+    # Pure Python, so one copy in /opt/python serves every runtime; resolved for the oldest one.
+    cached_install "$stage/python" --only-binary=:all: --platform "$platform" --python-version 3.10 \
+      --implementation cp "boto3==$BOTO3_VERSION"
+  fi
+  find "$stage" \( -name __pycache__ -o -name '*.pyc' \) -prune -exec rm -rf {} +
+  rm -rf "$stage/python/bin"
+
+  local zip=dist/idempotency-layer-$arch.zip
+  write_zip "$stage" "$zip"
+  printf '%s  %s bytes\n' "$zip" "$(stat -c %s "$zip")"
+}
+
+cmd_build() {
+  local with_boto3=0 arch
+  for arg in "$@"; do
+    case $arg in
+      --with-boto3) with_boto3=1 ;;
+      *) die "unknown build option: $arg" ;;
+    esac
+  done
+  [[ -d layer/idempotency_layer ]] || die "layer/idempotency_layer is missing"
+  mkdir -p dist
+  for arch in "${ARCHES[@]}"; do
+    log "building $arch layer"
+    build_arch "$arch" "$with_boto3"
+  done
+  local verify=(--package-src layer/idempotency_layer --orjson-version "$ORJSON_VERSION"
+    --pythons "${PYTHONS[*]}")
+  if [[ $with_boto3 == 1 ]]; then
+    verify+=(--with-boto3) # botocore alone is far beyond the 3 MB budget: report only
+  else
+    verify+=(--max-bytes "$MAX_ZIP_BYTES")
+  fi
+  for arch in "${ARCHES[@]}"; do
+    "$(host_python)" scripts/verify_layer.py "${verify[@]}" --arch "$arch" "dist/idempotency-layer-$arch.zip"
+  done
+}
+
+ensure_java() {
+  command -v java >/dev/null && return
+  log "installing Java for DynamoDB Local"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+}
+
+# Python 3.11 (the tooling's version) from pyenv when it has one, else whatever python3 there is.
+find_python311() {
+  local p
+  if command -v pyenv >/dev/null; then
+    for p in $(ls -d "$(pyenv root)"/versions/3.11*/bin/python3.11 2>/dev/null | sort -V -r); do
+      "$p" -c 'import venv' 2>/dev/null && { echo "$p"; return; }
+    done
+  fi
+  for p in python3.11 python3; do
+    command -v "$p" >/dev/null && "$p" -c 'import venv' 2>/dev/null && { command -v "$p"; return; }
+  done
+  die "no usable python3 found"
+}
+
+ensure_venv() { # EXTRA
+  local base
+  if ! "$VENV/bin/python" -c 'import sys' 2>/dev/null; then
+    base=$(find_python311)
+    log "creating .venv with $("$base" --version)"
+    rm -rf "$VENV"
+    "$base" -m venv "$VENV"
+  fi
+  log "installing .[$1] into .venv"
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[$1]"
+}
+
+cmd_test() {
+  ensure_java
+  ensure_venv test
+  log "ruff check"
+  "$VENV/bin/ruff" check .
+  cmd_build
+  [[ -f tests/support/downloads.py ]] || die "tests/support/downloads.py is missing"
+  log "fetching DynamoDB Local, the Runtime Interface Emulator and runtimes"
+  "$VENV/bin/python" -m tests.support.downloads
+  log "pytest"
+  exec "$VENV/bin/python" -m pytest "$@"
+}
+
+cmd_demo() {
+  ensure_java
+  ensure_venv test
+  cmd_build
+  [[ -f tests/support/downloads.py ]] && "$VENV/bin/python" -m tests.support.downloads
+  exec "$VENV/bin/python" examples/demo.py "$@"
+}
+
+cmd_bench() {
+  [[ -f bench/run.py ]] || die "bench/run.py is missing: the benchmark has not been written yet"
+  ensure_venv test,bench # the bench drives the same local DynamoDB and RIE as the tests
+  exec "$VENV/bin/python" bench/run.py "$@"
+}
+
+sub=${1:-build}
+[[ $# -gt 0 ]] && shift
+case $sub in
+  build) cmd_build "$@" ;;
+  test) cmd_test "$@" ;;
+  demo) cmd_demo "$@" ;;
+  bench) cmd_bench "$@" ;;
+  --with-boto3) cmd_build "$sub" "$@" ;;
+  -h | --help) sed -n '2,6s/^# \{0,1\}//p' "$0" ;;
+  *) die "unknown command '$sub' (build, test, demo, bench)" ;;
+esac

@@ -1,0 +1,138 @@
+"""Result encoding: what the handler returned, as stored in the record and given back on replay.
+
+Most results are plain JSON and take the orjson fast path. Values JSON has no type for (`Decimal`, `bytes`,
+integers beyond 64 bits, tuples of named fields) take a tagged form, so that a replay gives back an equal
+value, falsy ones included. Results over `COMPRESS_ABOVE` bytes are zlib-compressed; a result still over the
+item budget is not stored at all (`TOO_LARGE`), and its replays raise `IdempotencyResultTooLargeError`.
+"""
+
+from __future__ import annotations
+
+import base64
+import zlib
+from decimal import Decimal
+from typing import Any, NamedTuple
+
+import orjson
+
+JSON = "json"
+TAGGED = "tagged"
+COMPRESSED = "+z"
+TOO_LARGE = "too_large"
+FORMATS = frozenset({JSON, TAGGED, JSON + COMPRESSED, TAGGED + COMPRESSED, TOO_LARGE})
+
+ITEM_LIMIT = 400 * 1024  # DynamoDB's item size limit, names and values together
+RECORD_OVERHEAD = 1024  # room kept for the key and the other attributes of the record
+COMPRESS_ABOVE = 8 * 1024  # below this, compression costs more CPU than it saves write units
+
+# Tags of the tagged form; a dict whose only key is a tag is itself wrapped, so user data never collides.
+_DECIMAL, _BYTES, _INT, _OBJECT = "$decimal", "$bytes", "$int", "$object"
+_TAGS = frozenset({_DECIMAL, _BYTES, _INT, _OBJECT})
+_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+
+
+class Encoded(NamedTuple):
+    format: str
+    data: bytes | str | None  # JSON text (format without "+z"), zlib data (with "+z"), None (TOO_LARGE)
+
+
+class ResultNotEncodable(TypeError):
+    """The value has a type the layer cannot store faithfully."""
+
+
+def _refuse(value: Any) -> Any:
+    raise TypeError
+
+
+def _key(key: Any) -> str:
+    # The runtime's JSON encoder turns these keys into strings the same way.
+    if isinstance(key, str):
+        return key
+    if key is True:
+        return "true"
+    if key is False:
+        return "false"
+    if key is None:
+        return "null"
+    if isinstance(key, int):
+        return str(int(key))
+    if isinstance(key, float):
+        return repr(float(key))
+    raise ResultNotEncodable(f"dict key {key!r} of type {type(key).__name__} is not a JSON key")
+
+
+def _tag(value: Any) -> Any:
+    if value is None or value is True or value is False:
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)  # a str-based Enum marshals as its text, not as 'Name.MEMBER'
+    if isinstance(value, int):
+        value = int(value)
+        return value if _INT_MIN <= value <= _INT_MAX else {_INT: str(value)}
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, dict):
+        tagged = {_key(k): _tag(v) for k, v in value.items()}
+        return {_OBJECT: tagged} if len(tagged) == 1 and next(iter(tagged)) in _TAGS else tagged
+    if isinstance(value, tuple) and hasattr(value, "_asdict"):
+        return _tag(value._asdict())  # the runtime marshals named tuples as objects
+    if isinstance(value, (list, tuple)):
+        return [_tag(item) for item in value]
+    if isinstance(value, Decimal):
+        return {_DECIMAL: str(value)}
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {_BYTES: base64.b64encode(bytes(value)).decode()}
+    raise ResultNotEncodable(f"a result of type {type(value).__name__} cannot be stored")
+
+
+def _untag(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_untag(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    if len(value) == 1:
+        tag, inner = next(iter(value.items()))
+        if tag == _DECIMAL:
+            return Decimal(inner)
+        if tag == _BYTES:
+            return base64.b64decode(inner)
+        if tag == _INT:
+            return int(inner)
+        if tag == _OBJECT:
+            return {k: _untag(v) for k, v in inner.items()}
+    return {k: _untag(v) for k, v in value.items()}
+
+
+def to_json(value: Any) -> tuple[str, bytes]:
+    """The result as JSON text, and which form it took."""
+    try:
+        # Subclasses and dataclasses go to the tagged path, which knows how the runtime sees them.
+        option = orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATACLASS
+        return JSON, orjson.dumps(value, default=_refuse, option=option)
+    except TypeError:
+        return TAGGED, orjson.dumps(_tag(value))
+
+
+def encode(value: Any, budget: int = ITEM_LIMIT - RECORD_OVERHEAD) -> Encoded:
+    """Encode a result to fit in `budget` bytes, compressing when that saves space, or mark it too large."""
+    form, text = to_json(value)
+    if len(text) <= COMPRESS_ABOVE:
+        return Encoded(form, text)
+    packed = zlib.compress(text, 1)
+    if len(packed) > budget:
+        packed = zlib.compress(text, 9)
+    if len(packed) < len(text) and len(packed) <= budget:
+        return Encoded(form + COMPRESSED, packed)
+    if len(text) <= budget:
+        return Encoded(form, text)
+    return Encoded(TOO_LARGE, None)
+
+
+def decode(encoded: Encoded) -> Any:
+    form, data = encoded
+    if form == TOO_LARGE or data is None:
+        raise ValueError("a result marked too large has no data to decode")
+    if form.endswith(COMPRESSED):
+        form, data = form[: -len(COMPRESSED)], zlib.decompress(data if isinstance(data, bytes) else data.encode())
+    value = orjson.loads(data)
+    return value if form == JSON else _untag(value)

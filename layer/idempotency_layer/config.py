@@ -1,0 +1,188 @@
+"""The layer's configuration: every environment variable, its default and its validation, in one place.
+
+`load()` runs once at init. A bad setting raises `IdempotencyConfigurationError` naming the variable, the
+value and what is accepted, so the function fails init instead of misbehaving on the first event.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .errors import IdempotencyConfigurationError
+
+_TRUE = frozenset({"true", "1", "yes"})
+_FALSE = frozenset({"false", "0", "no"})
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+_TRANSPORTS = ("lean", "boto3")
+
+
+@dataclass(frozen=True)
+class Attributes:
+    """Names of the record's attributes in the table."""
+
+    key: str = "id"
+    sort_key: str | None = None
+    status: str = "status"
+    expires_at: str = "expires_at"
+    in_progress_until: str = "in_progress_until"
+    owner: str = "owner"
+    result: str = "result"
+    result_format: str = "result_format"
+
+
+@dataclass(frozen=True)
+class Config:
+    disabled: bool
+    table: str
+    key_jmespath: str | None  # None: the whole event
+    key_prefix: str
+    require_key: bool
+    ttl_seconds: int
+    local_cache_size: int
+    attributes: Attributes
+    partition_value: str | None  # static partition key value when a sort key holds the key
+    log_level: str
+    transport: str
+    connect_timeout: float
+    read_timeout: float
+    max_attempts: int
+    original_handler: str
+
+
+def _text(env: Mapping[str, str], name: str, default: str | None = None) -> str | None:
+    value = env.get(name)
+    if value is None or value.strip() == "":
+        return default
+    return value.strip()
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    value = _text(env, name)
+    if value is None:
+        return default
+    lowered = value.lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise IdempotencyConfigurationError(
+        f"{name}={value!r} is not a boolean; accepted: true/false, 1/0, yes/no (any case)"
+    )
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int, maximum: int) -> int:
+    value = _text(env, name)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        number = None
+    if number is None or not minimum <= number <= maximum:
+        raise IdempotencyConfigurationError(
+            f"{name}={value!r} is not accepted; expected a whole number from {minimum} to {maximum}"
+        )
+    return number
+
+
+def _float(env: Mapping[str, str], name: str, default: float, minimum: float, maximum: float) -> float:
+    value = _text(env, name)
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        number = None
+    if number is None or not minimum <= number <= maximum:
+        raise IdempotencyConfigurationError(
+            f"{name}={value!r} is not accepted; expected seconds from {minimum} to {maximum}"
+        )
+    return number
+
+
+def _choice(env: Mapping[str, str], name: str, default: str, accepted: tuple[str, ...]) -> str:
+    value = _text(env, name, default)
+    assert value is not None
+    for option in accepted:
+        if value.lower() == option.lower():
+            return option
+    raise IdempotencyConfigurationError(f"{name}={value!r} is not accepted; expected one of {', '.join(accepted)}")
+
+
+def _attribute(env: Mapping[str, str], name: str, default: str) -> str:
+    value = _text(env, name, default)
+    assert value is not None
+    if len(value.encode()) > 255:
+        raise IdempotencyConfigurationError(f"{name}={value!r} is not accepted; attribute names are 1 to 255 bytes")
+    return value
+
+
+def load(env: Mapping[str, str] | None = None) -> Config:
+    """Build the configuration from the environment (os.environ by default)."""
+    env = os.environ if env is None else env
+    disabled = _bool(env, "IDEMPOTENCY_DISABLED", False)
+
+    original_handler = _text(env, "IDEMPOTENCY_ORIGINAL_HANDLER")
+    if original_handler is None:
+        raise IdempotencyConfigurationError(
+            "IDEMPOTENCY_ORIGINAL_HANDLER is not set: the layer's exec wrapper sets it from _HANDLER; "
+            "set AWS_LAMBDA_EXEC_WRAPPER=/opt/idempotency-wrapper instead of pointing _HANDLER at the layer"
+        )
+
+    table = _text(env, "IDEMPOTENCY_TABLE", "")
+    assert table is not None
+    if not disabled and not table:
+        raise IdempotencyConfigurationError(
+            "IDEMPOTENCY_TABLE is not set; expected the name or ARN of the DynamoDB table holding the records"
+        )
+
+    prefix = _text(env, "IDEMPOTENCY_KEY_PREFIX") or _text(env, "AWS_LAMBDA_FUNCTION_NAME")
+    if not disabled and not prefix:
+        raise IdempotencyConfigurationError(
+            "IDEMPOTENCY_KEY_PREFIX is not set and neither is AWS_LAMBDA_FUNCTION_NAME; "
+            "expected a prefix that tells this function's records apart in a shared table"
+        )
+
+    key_jmespath = _text(env, "IDEMPOTENCY_KEY_JMESPATH")
+    if key_jmespath == "@":
+        key_jmespath = None
+
+    attributes = Attributes(
+        key=_attribute(env, "IDEMPOTENCY_KEY_ATTR", "id"),
+        sort_key=_text(env, "IDEMPOTENCY_SORT_KEY_ATTR"),
+        status=_attribute(env, "IDEMPOTENCY_STATUS_ATTR", "status"),
+        expires_at=_attribute(env, "IDEMPOTENCY_EXPIRES_AT_ATTR", "expires_at"),
+        in_progress_until=_attribute(env, "IDEMPOTENCY_IN_PROGRESS_UNTIL_ATTR", "in_progress_until"),
+        owner=_attribute(env, "IDEMPOTENCY_OWNER_ATTR", "owner"),
+        result=_attribute(env, "IDEMPOTENCY_RESULT_ATTR", "result"),
+        result_format=_attribute(env, "IDEMPOTENCY_RESULT_FORMAT_ATTR", "result_format"),
+    )
+    names = [v for v in vars(attributes).values() if v is not None]
+    if len(set(names)) != len(names):
+        raise IdempotencyConfigurationError(
+            "IDEMPOTENCY_*_ATTR settings name the same attribute twice: " + ", ".join(sorted(names))
+        )
+
+    partition_value = None
+    if attributes.sort_key is not None:
+        partition_value = _text(env, "IDEMPOTENCY_PARTITION_VALUE", f"idempotency#{prefix}")
+
+    return Config(
+        disabled=disabled,
+        table=table,
+        key_jmespath=key_jmespath,
+        key_prefix=prefix or "",
+        require_key=_bool(env, "IDEMPOTENCY_REQUIRE_KEY", False),
+        ttl_seconds=_int(env, "IDEMPOTENCY_TTL_SECONDS", 3600, 1, 366 * 24 * 3600),
+        local_cache_size=_int(env, "IDEMPOTENCY_LOCAL_CACHE_SIZE", 0, 0, 100_000),
+        attributes=attributes,
+        partition_value=partition_value,
+        log_level=_choice(env, "IDEMPOTENCY_LOG_LEVEL", "WARNING", _LOG_LEVELS),
+        transport=_choice(env, "IDEMPOTENCY_TRANSPORT", "lean", _TRANSPORTS),
+        connect_timeout=_float(env, "IDEMPOTENCY_CONNECT_TIMEOUT", 2.0, 0.05, 60.0),
+        read_timeout=_float(env, "IDEMPOTENCY_READ_TIMEOUT", 3.0, 0.05, 60.0),
+        max_attempts=_int(env, "IDEMPOTENCY_MAX_ATTEMPTS", 3, 1, 10),
+        original_handler=original_handler,
+    )

@@ -1,0 +1,29 @@
+"""Error types raised by the layer. The Lambda runtime reports each by its class name as `errorType`."""
+
+
+class IdempotencyError(Exception):
+    """Base class of every error the layer raises itself."""
+
+
+class IdempotencyConfigurationError(IdempotencyError):
+    """A setting is missing or invalid; raised at init, before the first event."""
+
+
+class IdempotencyKeyError(IdempotencyError):
+    """The key expression selected nothing and IDEMPOTENCY_REQUIRE_KEY is true."""
+
+
+class IdempotencyAlreadyInProgressError(IdempotencyError):
+    """Another invocation holds a live claim on the same key."""
+
+
+class IdempotencyPersistenceLayerError(IdempotencyError):
+    """The table could not be read or written; the handler was not run."""
+
+
+class IdempotencyResultTooLargeError(IdempotencyError):
+    """The first run completed, but its result was too large to store, so it cannot be replayed."""
+
+
+class IdempotencyClaimConflictError(IdempotencyError):
+    """The claim kept failing on a record the client clock saw as expired (clock skew between client and table)."""

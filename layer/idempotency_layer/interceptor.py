@@ -1,0 +1,132 @@
+"""The handler that the exec wrapper points `_HANDLER` at.
+
+Everything that can be done once happens at import, during the function's init: the configuration is read
+and validated, the key expression compiled, the transport built and the user's handler resolved by the
+runtime's own resolver, so a bad module fails init with the runtime's error naming the user's module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from functools import partial
+from typing import Any
+
+from . import config as _config
+from .errors import IdempotencyKeyError
+from .log import setup
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_LONGEST_INVOCATION_MS = 900_000  # Lambda's 15-minute limit: the claim for a context with no deadline
+
+
+def _runtime_module(attribute: str, *names: str) -> Any:
+    # The runtime has loaded these already: looking them up costs nothing and imports nothing new.
+    for name in names:
+        found = getattr(sys.modules.get(name), attribute, None)
+        if found is not None:
+            return found
+    return None
+
+
+def _get_handler(name: str) -> Any:
+    """The runtime's resolution rules, for when no runtime is loaded (local runs, benchmarks)."""
+    module_name, _, function_name = name.rpartition(".")
+    if not module_name:
+        raise ImportError(f"Bad handler '{name}': not enough values to unpack (expected 2, got 1)")
+    module = importlib.import_module(module_name.replace("/", "."))
+    try:
+        return getattr(module, function_name)
+    except AttributeError:
+        raise ImportError(f"Handler '{function_name}' missing on module '{module_name}'") from None
+
+
+def _marshal_check() -> Any:
+    marshaller = _runtime_module(
+        "LambdaMarshaller", "awslambdaric.lambda_runtime_marshaller", "lambda_runtime_marshaller"
+    )
+    if marshaller is not None:
+        encode = marshaller().marshal_response
+    else:
+        import json
+        from decimal import Decimal
+
+        def _number(value: Any) -> Any:
+            if isinstance(value, Decimal):
+                return float(value)
+            raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+        def encode(value: Any) -> Any:
+            return value if isinstance(value, bytes) else json.dumps(value, default=_number)
+
+    def accept(value: Any) -> bool:
+        # The runtime marshals the result after we return; one it cannot marshal must not be stored.
+        try:
+            encode(value)
+        except Exception:
+            return False
+        return True
+
+    return accept
+
+
+def _without_layer_frames(tb: Any) -> Any:
+    while tb is not None and os.path.dirname(tb.tb_frame.f_code.co_filename) == _PACKAGE_DIR:
+        tb = tb.tb_next
+    return tb
+
+
+CONFIG = _config.load()
+logger = setup(CONFIG.log_level)
+_resolve = _runtime_module("_get_handler", "awslambdaric.bootstrap", "__main__", "bootstrap") or _get_handler
+user_handler = _resolve(CONFIG.original_handler)
+
+if CONFIG.disabled:
+    # Pass-through: the runtime calls the user's function itself, at no cost per invocation.
+    handler = user_handler
+else:
+    from .cycle import Cycle
+    from .keys import KeyDeriver
+    from .store import DynamoDBStore
+    from .transport import make_transport
+
+    _keys = KeyDeriver(CONFIG.key_prefix, CONFIG.key_jmespath)
+    _cycle = Cycle(
+        DynamoDBStore(
+            make_transport(
+                CONFIG.transport,
+                connect_timeout=CONFIG.connect_timeout,
+                read_timeout=CONFIG.read_timeout,
+                max_attempts=CONFIG.max_attempts,
+            ),
+            CONFIG.table,
+            CONFIG.attributes,
+            CONFIG.partition_value,
+        ),
+        CONFIG.ttl_seconds,
+        CONFIG.local_cache_size,
+    )
+    _accept = _marshal_check()
+
+    def handler(event: Any, context: Any) -> Any:  # type: ignore[misc]
+        key = _keys.key(event)  # before the handler runs: a handler that mutates its event cannot move it
+        if key is None:
+            if CONFIG.require_key:
+                raise IdempotencyKeyError(
+                    f"IDEMPOTENCY_KEY_JMESPATH={CONFIG.key_jmespath or '@'!r} selected nothing from the event "
+                    "and IDEMPOTENCY_REQUIRE_KEY is true, so the handler did not run"
+                )
+            logger.warning(
+                "IDEMPOTENCY_KEY_JMESPATH=%r selected nothing from the event; running without idempotency",
+                CONFIG.key_jmespath or "@",
+            )
+            return user_handler(event, context)
+        remaining = getattr(context, "get_remaining_time_in_millis", None)
+        remaining_ms = remaining() if remaining is not None else _LONGEST_INVOCATION_MS
+        try:
+            return _cycle.run(key, partial(user_handler, event, context), remaining_ms, _accept).value
+        except BaseException as error:
+            # The runtime reports the traceback: show the user's frames, not the layer's.
+            # A bare re-raise, not `from`: the user's __cause__ and __context__ stay as they were.
+            raise error.with_traceback(_without_layer_frames(error.__traceback__))  # noqa: B904

@@ -1,0 +1,212 @@
+"""The record protocol on DynamoDB: claim, complete, release, get.
+
+Expiry is always judged by the condition expressions, never by an item's presence: TTL deletion lags by up
+to days, so an expired record may still be there. Every write that follows a claim is conditioned on the
+claim's owner token, so an invocation never completes or deletes a claim that another one took over.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from . import codec
+from .config import Attributes
+from .errors import IdempotencyPersistenceLayerError
+from .transport import DynamoDBError, Transport
+
+INPROGRESS = "INPROGRESS"
+COMPLETED = "COMPLETED"
+_CHECK_FAILED = "ConditionalCheckFailedException"
+
+
+@dataclass(frozen=True)
+class Record:
+    key: str
+    status: str
+    expires_at: int  # epoch seconds
+    in_progress_until: int | None  # epoch ms
+    owner: str | None
+    result: codec.Encoded | None  # None while in progress
+
+    def is_expired(self, now: float) -> bool:
+        return self.expires_at < int(now)
+
+    def is_claim_expired(self, now: float) -> bool:
+        return self.in_progress_until is not None and self.in_progress_until < int(now * 1000)
+
+
+class Store(Protocol):
+    """What the cycle needs from a backend."""
+
+    def claim(self, key: str, owner: str, now: float, in_progress_until: int, expires_at: int) -> Record | None:
+        """Write an in-progress record unless a live one exists. None: we hold the claim; else the live record."""
+
+    def complete(self, key: str, owner: str, result: codec.Encoded, expires_at: int) -> bool:
+        """Mark our claim completed with its result. False: the claim is no longer ours."""
+
+    def release(self, key: str, owner: str) -> bool:
+        """Delete our claim. False: the claim is no longer ours, and nothing was deleted."""
+
+    def get(self, key: str) -> Record | None: ...
+
+
+def _number(value: dict[str, Any] | None) -> int | None:
+    return None if value is None else int(value["N"])
+
+
+def _blob(value: Any) -> bytes:
+    # boto3 hands back bytes, the lean transport the wire's base64 text.
+    return value if isinstance(value, bytes) else base64.b64decode(value)
+
+
+class DynamoDBStore:
+    def __init__(
+        self, transport: Transport, table: str, attributes: Attributes, partition_value: str | None = None
+    ) -> None:
+        self.transport = transport
+        self.table = table
+        self.attr = attributes
+        self.partition_value = partition_value
+        a = attributes
+        self._claim_names = {"#k": a.key, "#s": a.status, "#e": a.expires_at, "#u": a.in_progress_until}
+        self._owner_names = {"#o": a.owner}
+        self._claim_condition = "attribute_not_exists(#k) OR #e < :now OR (#s = :inprogress AND #u < :now_ms)"
+
+    # -- request plumbing -------------------------------------------------------------------------------
+
+    def _item_key(self, key: str) -> dict[str, dict[str, str]]:
+        if self.attr.sort_key is None:
+            return {self.attr.key: {"S": key}}
+        assert self.partition_value is not None
+        return {self.attr.key: {"S": self.partition_value}, self.attr.sort_key: {"S": key}}
+
+    def _call(self, operation: str, key: str, params: dict[str, Any]) -> dict[str, Any]:
+        params["TableName"] = self.table
+        try:
+            return self.transport.call(operation, params)
+        except DynamoDBError as error:
+            if error.code == _CHECK_FAILED:
+                raise
+            raise IdempotencyPersistenceLayerError(
+                f"DynamoDB {operation} on table {self.table!r} failed for key {key!r}: {error.code}: {error.message}"
+            ) from error
+
+    def _record(self, key: str, item: dict[str, Any]) -> Record:
+        a = self.attr
+        result = None
+        stored_format = item.get(a.result_format)
+        if stored_format is not None:
+            form = stored_format["S"]
+            value = item.get(a.result)
+            if value is None:
+                data = None
+            elif "S" in value:
+                data = value["S"]
+            else:
+                data = _blob(value["B"])
+            result = codec.Encoded(form, data)
+        owner = item.get(a.owner)
+        return Record(
+            key=key,
+            status=item[a.status]["S"],
+            expires_at=int(item[a.expires_at]["N"]),
+            in_progress_until=_number(item.get(a.in_progress_until)),
+            owner=None if owner is None else owner["S"],
+            result=result,
+        )
+
+    # -- the protocol -----------------------------------------------------------------------------------
+
+    def claim(self, key: str, owner: str, now: float, in_progress_until: int, expires_at: int) -> Record | None:
+        a = self.attr
+        item = self._item_key(key)
+        item[a.status] = {"S": INPROGRESS}
+        item[a.expires_at] = {"N": str(expires_at)}
+        item[a.in_progress_until] = {"N": str(in_progress_until)}
+        item[a.owner] = {"S": owner}
+        params = {
+            "Item": item,
+            "ConditionExpression": self._claim_condition,
+            "ExpressionAttributeNames": self._claim_names,
+            "ExpressionAttributeValues": {
+                ":now": {"N": str(int(now))},
+                ":now_ms": {"N": str(int(now * 1000))},
+                ":inprogress": {"S": INPROGRESS},
+            },
+            # A failed claim carries the live record, so a replay costs one request.
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
+        try:
+            self._call("PutItem", key, params)
+        except DynamoDBError as error:
+            if error.item:
+                return self._record(key, error.item)
+            # A backend that returns no old item on a failed condition: read it.
+            record = self.get(key)
+            if record is None:
+                raise IdempotencyPersistenceLayerError(
+                    f"DynamoDB PutItem on table {self.table!r} failed its condition for key {key!r}, "
+                    "but no record is there"
+                ) from error
+            return record
+        return None
+
+    def complete(self, key: str, owner: str, result: codec.Encoded, expires_at: int) -> bool:
+        a = self.attr
+        names = {"#s": a.status, "#e": a.expires_at, "#o": a.owner, "#f": a.result_format, "#r": a.result}
+        values: dict[str, Any] = {
+            ":completed": {"S": COMPLETED},
+            ":exp": {"N": str(expires_at)},
+            ":me": {"S": owner},
+            ":fmt": {"S": result.format},
+        }
+        if result.data is None:
+            update = "SET #s = :completed, #e = :exp, #f = :fmt REMOVE #r"
+        else:
+            update = "SET #s = :completed, #e = :exp, #f = :fmt, #r = :result"
+            data = result.data
+            if result.format.endswith(codec.COMPRESSED):
+                values[":result"] = {"B": data if isinstance(data, bytes) else data.encode()}
+            else:
+                values[":result"] = {"S": data if isinstance(data, str) else data.decode()}
+        params = {
+            "Key": self._item_key(key),
+            "UpdateExpression": update,
+            "ConditionExpression": "#o = :me",
+            "ExpressionAttributeNames": names,
+            "ExpressionAttributeValues": values,
+        }
+        try:
+            self._call("UpdateItem", key, params)
+        except DynamoDBError:
+            return False
+        except IdempotencyPersistenceLayerError as error:
+            cause = error.__cause__
+            too_big = isinstance(cause, DynamoDBError) and cause.code == "ValidationException" and (
+                "size" in cause.message.lower()
+            )
+            if result.data is None or not too_big:
+                raise
+            # Our size estimate was off; completing without the result still keeps the handler from rerunning.
+            return self.complete(key, owner, codec.Encoded(codec.TOO_LARGE, None), expires_at)
+        return True
+
+    def release(self, key: str, owner: str) -> bool:
+        params = {
+            "Key": self._item_key(key),
+            "ConditionExpression": "#o = :me",
+            "ExpressionAttributeNames": self._owner_names,
+            "ExpressionAttributeValues": {":me": {"S": owner}},
+        }
+        try:
+            self._call("DeleteItem", key, params)
+        except DynamoDBError:
+            return False
+        return True
+
+    def get(self, key: str) -> Record | None:
+        response = self._call("GetItem", key, {"Key": self._item_key(key), "ConsistentRead": True})
+        item = response.get("Item")
+        return None if item is None else self._record(key, item)

@@ -1,0 +1,235 @@
+"""The cycle (claim -> invoke -> complete or release, replay) against DynamoDB Local.
+
+Executions are counted by the handlers' own side effect (a list the test reads); DynamoDB requests are
+counted on the wire by a proxy in front of DynamoDB Local.
+"""
+
+import base64
+import os
+import time
+from decimal import Decimal
+
+import pytest
+from idempotency_layer import codec
+from idempotency_layer.cycle import Cycle
+from idempotency_layer.errors import (
+    IdempotencyAlreadyInProgressError,
+    IdempotencyClaimConflictError,
+    IdempotencyResultTooLargeError,
+)
+from idempotency_layer.store import COMPLETED
+
+KEY = "fn#k1"
+LONG = 60_000
+
+
+class Handler:
+    """A handler whose executions the test counts itself."""
+
+    def __init__(self, result=None, error=None):
+        self.calls = []
+        self.result = result
+        self.error = error
+
+    def __call__(self):
+        self.calls.append(time.time())
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+class Clock:
+    def __init__(self):
+        self.now = time.time()
+
+    def __call__(self):
+        return self.now
+
+
+def test_first_run_executes_and_the_second_replays(store):
+    cycle = Cycle(store, ttl_seconds=3600)
+    handler = Handler({"order": "o-1", "n": 1})
+    first = cycle.run(KEY, handler, LONG)
+    second = cycle.run(KEY, handler, LONG)
+    assert len(handler.calls) == 1
+    assert first.value == second.value == {"order": "o-1", "n": 1}
+    assert (first.replayed, second.replayed) == (False, True)
+
+
+@pytest.mark.parametrize("result", [None, {}, [], 0, "", False, Decimal("0.10"), b"", b"\x01\x02"])
+def test_falsy_and_typed_results_replay_as_themselves(store, result):
+    cycle = Cycle(store, ttl_seconds=3600)
+    handler = Handler(result)
+    cycle.run(KEY, handler, LONG)
+    replay = cycle.run(KEY, handler, LONG)
+    assert len(handler.calls) == 1
+    assert replay.replayed
+    assert replay.value == result and type(replay.value) is type(result)
+
+
+def test_handler_error_releases_and_the_retry_runs_again(store, ddb_client, table_name):
+    cycle = Cycle(store, ttl_seconds=3600)
+    failing = Handler(error=RuntimeError("card declined"))
+    with pytest.raises(RuntimeError, match="card declined") as caught:
+        cycle.run(KEY, failing, LONG)
+    assert caught.value is failing.error
+    assert ddb_client.get_item(TableName=table_name, Key={"id": {"S": KEY}}, ConsistentRead=True).get("Item") is None
+    retry = Handler("ok")
+    assert cycle.run(KEY, retry, LONG).value == "ok"
+    assert len(failing.calls) == 1 and len(retry.calls) == 1
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), SystemExit(3)])
+def test_base_exceptions_release_too(store, error):
+    cycle = Cycle(store, ttl_seconds=3600)
+    with pytest.raises(type(error)):
+        cycle.run(KEY, Handler(error=error), LONG)
+    assert store.get(KEY) is None
+
+
+def test_live_claim_of_another_invocation_is_in_progress(store):
+    now = time.time()
+    assert store.claim(KEY, "other", now, int(now * 1000) + 30_000, int(now) + 3600) is None
+    handler = Handler("x")
+    with pytest.raises(IdempotencyAlreadyInProgressError) as caught:
+        Cycle(store, ttl_seconds=3600).run(KEY, handler, LONG)
+    assert KEY in str(caught.value) and "expires at" in str(caught.value)
+    assert handler.calls == []
+
+
+def test_claim_lasts_the_remaining_time_and_zero_is_real(store):
+    clock = Clock()
+    cycle = Cycle(store, ttl_seconds=3600, clock=clock)
+    seen = []
+
+    def nested():
+        # While we hold a zero-length claim, another invocation may take it at once.
+        clock.now += 0.002
+        seen.append(store.claim(KEY, "other", clock.now, int(clock.now * 1000) + 1000, int(clock.now) + 3600))
+        return "late"
+
+    assert cycle.run(KEY, nested, 0).value == "late"
+    assert seen == [None]
+    record = store.get(KEY)
+    assert record.owner == "other" and record.status != COMPLETED  # our completion did not overwrite theirs
+
+
+def test_refused_result_is_released_not_stored(store):
+    cycle = Cycle(store, ttl_seconds=3600)
+    handler = Handler({"when": object()})
+    outcome = cycle.run(KEY, handler, LONG, accept=lambda value: False)
+    assert outcome.value is handler.result
+    assert store.get(KEY) is None
+
+
+def test_too_large_result_runs_once_and_replays_raise(store):
+    cycle = Cycle(store, ttl_seconds=3600)
+    big = {"noise": base64.b64encode(os.urandom(450_000)).decode()}  # random: compresses to over 400 KB
+    handler = Handler(big)
+    assert cycle.run(KEY, handler, LONG).value is big
+    with pytest.raises(IdempotencyResultTooLargeError, match="too large to store"):
+        cycle.run(KEY, handler, LONG)
+    assert len(handler.calls) == 1
+    assert store.get(KEY).result.format == codec.TOO_LARGE
+
+
+def test_one_megabyte_result_that_compresses_replays_equal(store):
+    cycle = Cycle(store, ttl_seconds=3600)
+    value = {"rows": [{"id": i, "sku": f"SKU-{i:07d}", "qty": i % 5} for i in range(25_000)]}
+    assert len(codec.to_json(value)[1]) > 1_000_000
+    handler = Handler(value)
+    cycle.run(KEY, handler, LONG)
+    assert cycle.run(KEY, handler, LONG).value == value
+    assert len(handler.calls) == 1
+
+
+def test_ttl_expiry_runs_again(store):
+    clock = Clock()
+    cycle = Cycle(store, ttl_seconds=5, clock=clock)
+    handler = Handler("v")
+    cycle.run(KEY, handler, 1000)
+    clock.now += 4
+    assert cycle.run(KEY, handler, 1000).replayed
+    clock.now += 2
+    assert not cycle.run(KEY, handler, 1000).replayed
+    assert len(handler.calls) == 2
+
+
+def test_claim_never_expires_before_its_invocation_deadline(store):
+    clock = Clock()
+    Cycle(store, ttl_seconds=1, clock=clock)._claim(KEY, "me", remaining_ms=10_000)
+    record = store.get(KEY)
+    assert record.expires_at >= int(clock.now) + 10
+    clock.now += 5
+    with pytest.raises(IdempotencyAlreadyInProgressError):
+        Cycle(store, ttl_seconds=1, clock=clock).run(KEY, Handler(), 1000)
+
+
+def test_taken_over_claim_still_returns_our_result(store):
+    clock = Clock()
+    cycle = Cycle(store, ttl_seconds=3600, clock=clock)
+
+    def slow():
+        clock.now += 2  # past our 1 s claim: another invocation takes over
+        assert store.claim(KEY, "other", clock.now, int(clock.now * 1000) + 60_000, int(clock.now) + 3600) is None
+        return "ours"
+
+    assert cycle.run(KEY, slow, 1000).value == "ours"
+    record = store.get(KEY)
+    assert record.owner == "other" and record.status != COMPLETED
+
+
+def test_clock_skew_is_retried_a_bounded_number_of_times(store):
+    now = time.time()
+    assert store.claim(KEY, "other", now, int(now * 1000) + 60_000, int(now) + 3600) is None
+    readings = []
+
+    def skewed():
+        # Claims are sent with a time the record is live at; checks read a clock far ahead.
+        readings.append(1)
+        return now if len(readings) % 2 else now + 7200
+
+    handler = Handler()
+    with pytest.raises(IdempotencyClaimConflictError, match="3 times"):
+        Cycle(store, ttl_seconds=3600, clock=skewed).run(KEY, handler, LONG)
+    assert handler.calls == []
+    assert len(readings) == 6
+
+
+def test_local_cache_replays_without_requests_and_never_outlives_the_record(store, proxy):
+    clock = Clock()
+    cycle = Cycle(store, ttl_seconds=10, cache_size=2, clock=clock)
+    handler = Handler({"v": 1})
+    cycle.run(KEY, handler, 1000)
+    proxy.reset()
+    assert cycle.run(KEY, handler, 1000) == ({"v": 1}, True)
+    assert proxy.total() == 0
+    clock.now += 11
+    assert cycle.run(KEY, handler, 1000).replayed is False
+    assert len(handler.calls) == 2
+
+
+def test_local_cache_evicts_least_recently_used(store, proxy):
+    cycle = Cycle(store, ttl_seconds=3600, cache_size=2)
+    for key in ("a", "b", "c"):
+        cycle.run(key, Handler(key), LONG)
+    proxy.reset()
+    assert cycle.run("c", Handler(), LONG).value == "c"
+    assert cycle.run("b", Handler(), LONG).value == "b"
+    assert proxy.total() == 0
+    assert cycle.run("a", Handler(), LONG).value == "a"  # evicted: replayed from the table
+    assert proxy.snapshot()[0] == {"PutItem": 1}
+
+
+def test_requests_per_path(store, proxy):
+    cycle = Cycle(store, ttl_seconds=3600)
+    proxy.reset()
+    cycle.run(KEY, Handler("r"), LONG)
+    assert proxy.snapshot()[0] == {"PutItem": 1, "UpdateItem": 1}  # first run: claim, complete
+    proxy.reset()
+    cycle.run(KEY, Handler("r"), LONG)
+    assert proxy.snapshot()[0] == {"PutItem": 1}  # replay: the failed claim carries the record
+    proxy.reset()
+    with pytest.raises(ValueError):
+        cycle.run("fn#other", Handler(error=ValueError()), LONG)
+    assert proxy.snapshot()[0] == {"PutItem": 1, "DeleteItem": 1}  # error: claim, release

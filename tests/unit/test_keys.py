@@ -1,0 +1,80 @@
+import base64
+import gzip
+import hashlib
+import json
+import subprocess
+import sys
+
+import pytest
+from idempotency_layer.errors import IdempotencyConfigurationError, IdempotencyKeyError
+from idempotency_layer.keys import KeyDeriver, canonical_json
+
+
+def test_canonical_json_sorts_keys_without_whitespace():
+    assert canonical_json({"b": 1, "a": {"d": [1, 2], "c": None}}) == b'{"a":{"c":null,"d":[1,2]},"b":1}'
+
+
+def test_key_is_prefix_and_sha256_of_canonical_json():
+    key = KeyDeriver("fn", "orderId").key({"orderId": "o-1", "other": 2})
+    assert key == "fn#" + hashlib.sha256(b'"o-1"').hexdigest()
+
+
+def test_whole_event_by_default_independent_of_key_order():
+    keys = KeyDeriver("fn", None)
+    assert keys.key({"a": 1, "b": 2}) == keys.key({"b": 2, "a": 1})
+    assert keys.key({"a": 1}) != keys.key({"a": 2})
+
+
+def test_same_key_in_another_process():
+    code = (
+        "import sys; sys.path.insert(0, 'layer');"
+        "from idempotency_layer.keys import KeyDeriver;"
+        "print(KeyDeriver('fn', '[customerId, orderId]').key({'orderId': 'o', 'customerId': 'c', 'x': 1.5}))"
+    )
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert other == KeyDeriver("fn", "[customerId, orderId]").key({"customerId": "c", "orderId": "o"})
+    assert other == "fn#" + hashlib.sha256(b'["c","o"]').hexdigest()
+
+
+def test_multi_field_keys():
+    keys = KeyDeriver("fn", "[customerId, orderId]")
+    assert keys.key({"customerId": "c", "orderId": "1"}) != keys.key({"customerId": "c", "orderId": "2"})
+    assert keys.key({"customerId": "c"}) is not None  # partly present is still a key
+    assert keys.key({}) is None  # all fields missing is no key
+
+
+@pytest.mark.parametrize("event", [{}, {"orderId": None}, {"orderId": ""}, {"orderId": []}, {"orderId": {}}])
+def test_empty_selections_give_no_key(event):
+    assert KeyDeriver("fn", "orderId").key(event) is None
+
+
+@pytest.mark.parametrize("value", [0, False, "0", [0]])
+def test_falsy_but_real_values_are_keys(value):
+    assert KeyDeriver("fn", "orderId").key({"orderId": value}) is not None
+
+
+def test_json_parse_into_string_body_with_powertools_alias():
+    event = {"body": json.dumps({"orderId": "o-9", "n": 1})}
+    plain = KeyDeriver("fn", "json_parse(body).orderId").key(event)
+    alias = KeyDeriver("fn", "powertools_json(body).orderId").key(event)
+    assert plain == alias == "fn#" + hashlib.sha256(b'"o-9"').hexdigest()
+
+
+def test_base64_and_gzip_functions():
+    raw = json.dumps({"id": 7}).encode()
+    event = {"b64": base64.b64encode(raw).decode(), "gz": base64.b64encode(gzip.compress(raw)).decode()}
+    expected = "fn#" + hashlib.sha256(b"7").hexdigest()
+    assert KeyDeriver("fn", "json_parse(base64_decode(b64)).id").key(event) == expected
+    assert KeyDeriver("fn", "powertools_json(powertools_base64(b64)).id").key(event) == expected
+    assert KeyDeriver("fn", "json_parse(base64_gzip_decode(gz)).id").key(event) == expected
+    assert KeyDeriver("fn", "powertools_json(powertools_base64_gzip(gz)).id").key(event) == expected
+
+
+def test_bad_expression_is_a_configuration_error():
+    with pytest.raises(IdempotencyConfigurationError, match=r"IDEMPOTENCY_KEY_JMESPATH='orders\[' is not a valid"):
+        KeyDeriver("fn", "orders[")
+
+
+def test_body_that_is_not_json_is_a_key_error():
+    with pytest.raises(IdempotencyKeyError, match="could not be applied"):
+        KeyDeriver("fn", "json_parse(body).orderId").key({"body": "not json"})

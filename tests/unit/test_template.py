@@ -1,0 +1,99 @@
+"""template.yaml: cfn-lint clean, least-privilege IAM, and the environment the layer needs."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cfnlint.decode import cfn_yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE = ROOT / "template.yaml"
+RUNTIMES = ["python3.10", "python3.11", "python3.12", "python3.13", "python3.14"]
+ACTIONS = {"dynamodb:PutItem", "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"}
+
+
+@pytest.fixture(scope="module")
+def template() -> dict[str, Any]:
+    return cfn_yaml.load(str(TEMPLATE))
+
+
+def resource_of_type(template: dict[str, Any], type_: str, **props: Any) -> tuple[str, dict[str, Any]]:
+    found = [
+        (name, r["Properties"])
+        for name, r in template["Resources"].items()
+        if r["Type"] == type_ and all(r["Properties"].get(k) == v for k, v in props.items())
+    ]
+    assert len(found) == 1, f"want exactly one {type_} with {props}, found {[n for n, _ in found]}"
+    return found[0]
+
+
+def table_name(template: dict[str, Any]) -> str:
+    return resource_of_type(template, "AWS::DynamoDB::Table")[0]
+
+
+def test_cfn_lint_passes() -> None:
+    # The console script beside this interpreter (the venv's), else whichever is on PATH.
+    beside = Path(sys.executable).with_name("cfn-lint")
+    cfn_lint = str(beside) if beside.exists() else shutil.which("cfn-lint")
+    assert cfn_lint, "cfn-lint not installed"
+    proc = subprocess.run([cfn_lint, str(TEMPLATE)], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("arch", ["x86_64", "arm64"])
+def test_layer_per_architecture(template: dict[str, Any], arch: str) -> None:
+    _, props = resource_of_type(template, "AWS::Serverless::LayerVersion", CompatibleArchitectures=[arch])
+    assert props["ContentUri"] == f"dist/idempotency-layer-{arch}.zip"
+    assert props["CompatibleRuntimes"] == RUNTIMES
+
+
+def test_table(template: dict[str, Any]) -> None:
+    _, props = resource_of_type(template, "AWS::DynamoDB::Table")
+    assert props["KeySchema"] == [{"AttributeName": "id", "KeyType": "HASH"}]
+    assert props["AttributeDefinitions"] == [{"AttributeName": "id", "AttributeType": "S"}]
+    assert props["BillingMode"] == "PAY_PER_REQUEST"
+    assert props["TimeToLiveSpecification"] == {"AttributeName": "expires_at", "Enabled": True}
+    assert props["SSESpecification"]["SSEEnabled"] is True
+
+
+def test_function_environment_and_layer(template: dict[str, Any]) -> None:
+    _, fn = resource_of_type(template, "AWS::Serverless::Function")
+    assert (fn["CodeUri"], fn["Handler"], fn["Runtime"]) == ("examples/orders/", "app.handler", "python3.12")
+    x86_layer, _ = resource_of_type(template, "AWS::Serverless::LayerVersion", CompatibleArchitectures=["x86_64"])
+    assert fn["Layers"] == [{"Ref": x86_layer}]
+    env = fn["Environment"]["Variables"]
+    assert env["AWS_LAMBDA_EXEC_WRAPPER"] == "/opt/idempotency-wrapper"
+    assert env["IDEMPOTENCY_TABLE"] == {"Ref": table_name(template)}
+    assert env["IDEMPOTENCY_KEY_JMESPATH"] == "orderId"
+
+
+def test_iam_is_exactly_four_item_actions_on_the_table(template: dict[str, Any]) -> None:
+    _, fn = resource_of_type(template, "AWS::Serverless::Function")
+    policies = fn["Policies"]
+    # Inline statements only: no managed policy names, no SAM policy templates.
+    assert all(isinstance(p, dict) and set(p) == {"Version", "Statement"} for p in policies), policies
+    statements = [s for p in policies for s in p["Statement"]]
+    assert len(statements) == 1, statements
+    (stmt,) = statements
+    assert stmt["Effect"] == "Allow"
+    assert isinstance(stmt["Action"], list) and len(stmt["Action"]) == 4
+    assert set(stmt["Action"]) == ACTIONS
+    # cfn-lint does not catch a GetAtt on a misspelled resource here, so check it names the table.
+    table = table_name(template)
+    assert stmt["Resource"] in ({"Fn::GetAtt": [table, "Arn"]}, {"Fn::GetAtt": f"{table}.Arn"})
+
+
+def test_outputs(template: dict[str, Any]) -> None:
+    values = [o["Value"] for o in template["Outputs"].values()]
+    layers = [
+        resource_of_type(template, "AWS::Serverless::LayerVersion", CompatibleArchitectures=[a])[0]
+        for a in ("x86_64", "arm64")
+    ]
+    assert {"Ref": table_name(template)} in values
+    for layer in layers:
+        assert {"Ref": layer} in values
