@@ -3,10 +3,10 @@
 from urllib.parse import urlparse
 
 import pytest
+
 from idempotency_layer.config import Attributes
 from idempotency_layer.store import DynamoDBStore
 from idempotency_layer.transport import make_transport
-
 from tests.support.counting_proxy import CountingProxy
 from tests.support.dynamodb_local import create_table
 

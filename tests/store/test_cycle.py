@@ -10,6 +10,7 @@ import time
 from decimal import Decimal
 
 import pytest
+
 from idempotency_layer import codec
 from idempotency_layer.cycle import Cycle
 from idempotency_layer.errors import (

@@ -3,6 +3,7 @@
 import time
 
 import pytest
+
 from idempotency_layer import codec
 from idempotency_layer.config import Attributes
 from idempotency_layer.errors import IdempotencyPersistenceLayerError

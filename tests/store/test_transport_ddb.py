@@ -15,6 +15,7 @@ import time
 
 import pytest
 import urllib3.util.connection
+
 from idempotency_layer.store import _blob
 from idempotency_layer.transport import DynamoDBError, make_transport
 

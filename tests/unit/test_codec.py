@@ -6,6 +6,7 @@ from decimal import Decimal
 
 import orjson
 import pytest
+
 from idempotency_layer import codec
 
 

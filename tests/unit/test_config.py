@@ -1,4 +1,5 @@
 import pytest
+
 from idempotency_layer.config import load
 from idempotency_layer.errors import IdempotencyConfigurationError
 

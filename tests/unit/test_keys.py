@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+
 from idempotency_layer.errors import IdempotencyConfigurationError, IdempotencyKeyError
 from idempotency_layer.keys import KeyDeriver, canonical_json
 

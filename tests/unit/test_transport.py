@@ -23,6 +23,7 @@ from botocore.exceptions import EndpointConnectionError, NoRegionError, ReadTime
 from botocore.loaders import create_loader
 from botocore.retries import standard
 from botocore.session import Session
+
 from idempotency_layer import transport
 from idempotency_layer.transport import (
     Boto3Transport,
