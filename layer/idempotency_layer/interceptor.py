@@ -14,7 +14,7 @@ from functools import partial
 from typing import Any
 
 from . import config as _config
-from .errors import IdempotencyKeyError
+from .errors import IdempotencyConfigurationError, IdempotencyKeyError
 from .log import setup
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -92,18 +92,20 @@ else:
     from .transport import make_transport
 
     _keys = KeyDeriver(CONFIG.key_prefix, CONFIG.key_jmespath)
+    try:
+        _transport = make_transport(
+            CONFIG.transport,
+            connect_timeout=CONFIG.connect_timeout,
+            read_timeout=CONFIG.read_timeout,
+            max_attempts=CONFIG.max_attempts,
+        )
+    except Exception as error:
+        raise IdempotencyConfigurationError(
+            f"the DynamoDB client (IDEMPOTENCY_TRANSPORT={CONFIG.transport}) could not be set up: "
+            f"{type(error).__name__}: {error}; check AWS_REGION, the credentials and AWS_ENDPOINT_URL_DYNAMODB"
+        ) from error
     _cycle = Cycle(
-        DynamoDBStore(
-            make_transport(
-                CONFIG.transport,
-                connect_timeout=CONFIG.connect_timeout,
-                read_timeout=CONFIG.read_timeout,
-                max_attempts=CONFIG.max_attempts,
-            ),
-            CONFIG.table,
-            CONFIG.attributes,
-            CONFIG.partition_value,
-        ),
+        DynamoDBStore(_transport, CONFIG.table, CONFIG.attributes, CONFIG.partition_value),
         CONFIG.ttl_seconds,
         CONFIG.local_cache_size,
     )

@@ -92,6 +92,12 @@ class DynamoDBStore:
             raise IdempotencyPersistenceLayerError(
                 f"DynamoDB {operation} on table {self.table!r} failed for key {key!r}: {error.code}: {error.message}"
             ) from error
+        except Exception as error:
+            # E.g. a credential refresh that failed outside botocore's own error types.
+            raise IdempotencyPersistenceLayerError(
+                f"DynamoDB {operation} on table {self.table!r} failed for key {key!r}: "
+                f"{type(error).__name__}: {error}"
+            ) from error
 
     def _record(self, key: str, item: dict[str, Any]) -> Record:
         a = self.attr

@@ -135,3 +135,11 @@ def test_missing_context_deadline_claims_for_the_longest_invocation(load, ddb_cl
     interceptor.handler({"orderId": "o-5"}, None)
     assert now_ms + 890_000 < seen["until"] < now_ms + 910_000
 
+
+
+def test_no_region_is_a_configuration_error(load, monkeypatch, tmp_path):
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    with pytest.raises(IdempotencyConfigurationError, match=r"NoRegionError.*AWS_REGION"):
+        load()
