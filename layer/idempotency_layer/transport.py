@@ -18,6 +18,7 @@ import os
 import socket
 import time
 import zlib
+from hashlib import sha256
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from urllib.parse import urlsplit
 
@@ -25,7 +26,7 @@ from urllib.parse import urlsplit
 import orjson
 import urllib3
 from botocore import exceptions as bce
-from botocore.auth import SigV4Auth
+from botocore.auth import SigV4Auth, _host_from_url
 from botocore.awsrequest import AWSRequest
 from botocore.exceptions import BotoCoreError, ChecksumError, NoRegionError
 from botocore.parsers import JSONParser
@@ -355,6 +356,13 @@ class _SessionHTTP:
         return self._session.send(request.prepare())
 
 
+class _SigV4Auth(SigV4Auth):
+    """botocore's SigV4, hashing the body bytes as they are: `request.body` would prepare the request again."""
+
+    def payload(self, request: AWSRequest) -> str:
+        return sha256(request.data).hexdigest()
+
+
 class LeanTransport:
     """DynamoDB JSON 1.0 over botocore's credentials, SigV4, endpoint rules and standard-mode retries."""
 
@@ -392,7 +400,8 @@ class LeanTransport:
         self._url = endpoint if urlsplit(endpoint).path else endpoint + "/"  # JSON 1.0 POSTs to the root
         user_agent = f"idempotency-layer Botocore/{botocore_version} md/transport#lean"
         self._headers: dict[str, dict[str, str]] = {}
-        self._header_base = {"Content-Type": _CONTENT_TYPE, "User-Agent": user_agent}
+        # Host given up front: SigV4Auth would otherwise parse the URL for it twice per request.
+        self._header_base = {"Content-Type": _CONTENT_TYPE, "User-Agent": user_agent, "Host": _host_from_url(endpoint)}
         self.retry = _RetryPolicy(max_attempts, sleep)
         # What a boto3 client's endpoint would use: CA bundle, TCP options, proxies from the environment.
         verify = session.get_config_variable("ca_bundle") or os.environ.get("REQUESTS_CA_BUNDLE") or True
@@ -466,7 +475,7 @@ class LeanTransport:
         credentials = self._credentials
         # Signed per attempt: a fresh X-Amz-Date, and credentials refreshed when they near expiry.
         frozen = None if credentials is None else credentials.get_frozen_credentials()
-        SigV4Auth(frozen, _SERVICE, self.region).add_auth(request)
+        _SigV4Auth(frozen, _SERVICE, self.region).add_auth(request)
         return self._http.send(request, body)
 
 

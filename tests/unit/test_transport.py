@@ -655,3 +655,24 @@ def test_boto3_transport_gives_up_after_max_attempts(scripted):
         t.call("GetItem", {"TableName": "tbl", "Key": {"id": {"S": "k"}}})
     assert server.count == 2
     assert (caught.value.code, caught.value.status) == ("InternalServerError", 500)
+
+
+def test_lean_signature_is_botocores_own(monkeypatch):
+    # The lean path sets Host itself and hashes the body bytes directly; the signature must not change.
+    from botocore import auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    fixed = datetime.datetime(2026, 1, 2, 3, 4, 5)
+    monkeypatch.setattr(auth, "get_current_datetime", lambda: fixed)
+    credentials = Credentials("AKID", "SECRET", "TOKEN")
+    body = b'{"TableName":"t","Key":{"id":{"S":"k"}}}'
+    url = "https://dynamodb.eu-west-1.amazonaws.com/"
+    base = {"X-Amz-Target": "DynamoDB_20120810.GetItem", "Content-Type": "application/x-amz-json-1.0"}
+
+    ours = AWSRequest(method="POST", url=url, data=body, headers={**base, "Host": "dynamodb.eu-west-1.amazonaws.com"})
+    transport._SigV4Auth(credentials, "dynamodb", "eu-west-1").add_auth(ours)
+    reference = AWSRequest(method="POST", url=url, data=body, headers=dict(base))
+    auth.SigV4Auth(credentials, "dynamodb", "eu-west-1").add_auth(reference)
+    assert ours.headers["Authorization"] == reference.headers["Authorization"]
+    assert ours.headers["X-Amz-Date"] == reference.headers["X-Amz-Date"] == "20260102T030405Z"
