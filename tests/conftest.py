@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from localstack_client import config as localstack_config
 from localstack_client.session import Session
 
 from tests.support.dynamodb_local import DynamoDBLocal, create_table
@@ -16,49 +19,61 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AW
 
 
 class _LocalStack:
-    def __init__(self) -> None:
-        host = os.environ["LOCALSTACK_HOST"]
-        self.endpoint = host if "://" in host else f"http://{host if ':' in host else host + ':4566'}"
+    """A LocalStack someone else runs; its endpoint is what localstack-client resolves from LOCALSTACK_HOST."""
 
-    def stop(self) -> None: ...
+    running = True
+
+    def __init__(self) -> None:
+        self.endpoint = localstack_config.get_service_endpoints()["dynamodb"]
+
+    def stop(self) -> None:
+        raise NotImplementedError("a LocalStack the tests did not start cannot be stopped by them")
 
     def start(self) -> _LocalStack:
         return self
 
 
 @pytest.fixture(scope="session")
-def dynamodb(tmp_path_factory):
+def dynamodb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DynamoDBLocal | _LocalStack]:
     if os.environ.get("LOCALSTACK_HOST"):
         yield _LocalStack()
         return
     server = DynamoDBLocal(tmp_path_factory.mktemp("dynamodb") / "dynamodb.log").start()
-    yield server
-    server.stop()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
-def _session(endpoint: str) -> Session:
-    # localstack-client takes host:port, so DynamoDB Local on its own port is a LocalStack to it.
+def ddb_session(endpoint: str) -> Session:
+    """A localstack-client session on `endpoint`.
+
+    localstack-client takes a host:port (`localstack_host`, else $LOCALSTACK_HOST), so DynamoDB Local on its
+    own port is just a LocalStack to it; no environment variable needs changing.
+    """
     return Session(aws_access_key_id="test", aws_secret_access_key="test", region_name="us-east-1",
                    localstack_host=endpoint.split("://", 1)[1])
 
 
 @pytest.fixture(scope="session")
-def ddb_client(dynamodb):
-    return _session(dynamodb.endpoint).client("dynamodb")
+def ddb_client(dynamodb: DynamoDBLocal | _LocalStack) -> Any:
+    return ddb_session(dynamodb.endpoint).client("dynamodb")
 
 
 @pytest.fixture
-def table(ddb_client):
+def table(ddb_client: Any) -> Iterator[str]:
+    """A fresh table per test (cheap in -inMemory), so no test sees another's records."""
     name = create_table(ddb_client, f"idempotency-{os.getpid()}-{next(_names)}")
     yield name
     ddb_client.delete_table(TableName=name)
 
 
 @pytest.fixture
-def layer_env(dynamodb, monkeypatch):
+def layer_env(dynamodb: DynamoDBLocal | _LocalStack, monkeypatch: pytest.MonkeyPatch) -> DynamoDBLocal | _LocalStack:
     """What the layer needs to reach the test table: credentials, region and the endpoint."""
     for name, value in CREDENTIALS.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", dynamodb.endpoint)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)
     return dynamodb
