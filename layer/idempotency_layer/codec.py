@@ -9,6 +9,7 @@ item budget is not stored at all (`TOO_LARGE`), and its replays raise `Idempoten
 from __future__ import annotations
 
 import base64
+import math
 import zlib
 from decimal import Decimal
 from typing import Any, NamedTuple
@@ -26,8 +27,8 @@ RECORD_OVERHEAD = 1024  # room kept for the key and the other attributes of the 
 COMPRESS_ABOVE = 8 * 1024  # below this, compression costs more CPU than it saves write units
 
 # Tags of the tagged form; a dict whose only key is a tag is itself wrapped, so user data never collides.
-_DECIMAL, _BYTES, _INT, _OBJECT = "$decimal", "$bytes", "$int", "$object"
-_TAGS = frozenset({_DECIMAL, _BYTES, _INT, _OBJECT})
+_DECIMAL, _BYTES, _INT, _OBJECT, _FLOAT = "$decimal", "$bytes", "$int", "$object", "$float"
+_TAGS = frozenset({_DECIMAL, _BYTES, _INT, _OBJECT, _FLOAT})
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
 
 
@@ -70,7 +71,9 @@ def _tag(value: Any) -> Any:
         value = int(value)
         return value if _INT_MIN <= value <= _INT_MAX else {_INT: str(value)}
     if isinstance(value, float):
-        return float(value)
+        value = float(value)
+        # orjson writes NaN and the infinities as null; the runtime writes NaN, Infinity, -Infinity.
+        return value if math.isfinite(value) else {_FLOAT: repr(value)}
     if isinstance(value, dict):
         tagged = {_key(k): _tag(v) for k, v in value.items()}
         return {_OBJECT: tagged} if len(tagged) == 1 and next(iter(tagged)) in _TAGS else tagged
@@ -98,9 +101,21 @@ def _untag(value: Any) -> Any:
             return base64.b64decode(inner)
         if tag == _INT:
             return int(inner)
+        if tag == _FLOAT:
+            return float(inner)
         if tag == _OBJECT:
             return {k: _untag(v) for k, v in inner.items()}
     return {k: _untag(v) for k, v in value.items()}
+
+
+def _non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_non_finite(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_non_finite(v) for v in value)
+    return False
 
 
 def to_json(value: Any) -> tuple[str, bytes]:
@@ -108,9 +123,16 @@ def to_json(value: Any) -> tuple[str, bytes]:
     try:
         # Subclasses and dataclasses go to the tagged path, which knows how the runtime sees them.
         option = orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATACLASS
-        return JSON, orjson.dumps(value, default=_refuse, option=option)
+        text = orjson.dumps(value, default=_refuse, option=option)
+        # A null may be a NaN or an infinity orjson wrote as null: only then is the whole value scanned.
+        if b"null" not in text or not _non_finite(value):
+            return JSON, text
     except TypeError:
+        pass
+    try:
         return TAGGED, orjson.dumps(_tag(value))
+    except orjson.JSONEncodeError as error:  # e.g. a str holding a lone surrogate: not UTF-8
+        raise ResultNotEncodable(f"the result cannot be stored: {error}") from error
 
 
 def encode(value: Any, budget: int = ITEM_LIMIT - RECORD_OVERHEAD) -> Encoded:

@@ -129,6 +129,6 @@ else:
         try:
             return _cycle.run(key, partial(user_handler, event, context), remaining_ms, _accept).value
         except BaseException as error:
-            # The runtime reports the traceback: show the user's frames, not the layer's.
+            # The runtime reports the traceback: drop the cycle's frames (this one frame stays, as in any re-raise).
             # A bare re-raise, not `from`: the user's __cause__ and __context__ stay as they were.
             raise error.with_traceback(_without_layer_frames(error.__traceback__))  # noqa: B904

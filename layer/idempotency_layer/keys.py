@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import gzip
 import hashlib
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +22,12 @@ _CANONICAL = orjson.OPT_SORT_KEYS
 
 def canonical_json(value: Any) -> bytes:
     """Sorted keys, no whitespace: equal values give equal bytes."""
-    return orjson.dumps(value, option=_CANONICAL)
+    try:
+        return orjson.dumps(value, option=_CANONICAL)
+    except orjson.JSONEncodeError:
+        # JSON integers beyond 64 bits (the runtime parses them to int) are beyond orjson: same form, by json.
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return text.encode("utf-8", "surrogatepass")
 
 
 def digest(value: Any) -> str:
@@ -43,17 +49,18 @@ def _compile(expression: str) -> Callable[[Any], Any]:
     from jmespath import functions
 
     class _Functions(functions.Functions):
-        @functions.signature({"types": ["string"]})
-        def _func_json_parse(self, value: str) -> Any:
-            return orjson.loads(value)
+        # A missing field (null) selects nothing, so an event without a body is one without a key.
+        @functions.signature({"types": ["string", "null"]})
+        def _func_json_parse(self, value: str | None) -> Any:
+            return None if value is None else orjson.loads(value)
 
-        @functions.signature({"types": ["string"]})
-        def _func_base64_decode(self, value: str) -> str:
-            return base64.b64decode(value).decode()
+        @functions.signature({"types": ["string", "null"]})
+        def _func_base64_decode(self, value: str | None) -> str | None:
+            return None if value is None else base64.b64decode(value).decode()
 
-        @functions.signature({"types": ["string"]})
-        def _func_base64_gzip_decode(self, value: str) -> str:
-            return gzip.decompress(base64.b64decode(value)).decode()
+        @functions.signature({"types": ["string", "null"]})
+        def _func_base64_gzip_decode(self, value: str | None) -> str | None:
+            return None if value is None else gzip.decompress(base64.b64decode(value)).decode()
 
         # The names Powertools users already have in their expressions.
         _func_powertools_json = _func_json_parse

@@ -20,7 +20,7 @@ import sys
 import tarfile
 import tempfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -82,15 +82,26 @@ def rie() -> Path:
     return target
 
 
-def _interpreters() -> dict[str, str]:
+def _version_key(path: str) -> tuple[int, ...]:
+    # .../versions/3.10.13/bin/python3 -> (3, 10, 13): numeric, so 3.10.13 sorts after 3.10.9.
+    return tuple(int(part) for part in Path(path).parents[1].name.split("."))
+
+
+def interpreters() -> dict[str, str]:
+    """Python version -> an interpreter for it (newest pyenv patch release), without installing anything.
+
+    Without pyenv (or with none of 3.10-3.13 in it) only the running interpreter's version is used.
+    """
     found: dict[str, str] = {}
-    root = shutil.which("pyenv") and subprocess.run(["pyenv", "root"], capture_output=True, text=True).stdout.strip()
+    root = ""
+    if shutil.which("pyenv"):
+        root = subprocess.run(["pyenv", "root"], capture_output=True, text=True).stdout.strip()
     for version in PYTHONS:
-        candidates = sorted(glob.glob(f"{root}/versions/{version}.*/bin/python3")) if root else []
-        candidates = [c for c in candidates if os.path.basename(os.path.dirname(os.path.dirname(c)))
-                      .replace(version + ".", "").isdigit()]
+        candidates = glob.glob(f"{root}/versions/{version}.*/bin/python3") if root else []
+        # Only plain releases (3.13.0, not 3.13.0t or 3.13-dev): those are what Lambda runs.
+        candidates = [c for c in candidates if Path(c).parents[1].name.replace(".", "").isdigit()]
         if candidates:
-            found[version] = candidates[-1]
+            found[version] = max(candidates, key=_version_key)
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
     if not found and here in PYTHONS:
         found[here] = sys.executable
@@ -100,7 +111,7 @@ def _interpreters() -> dict[str, str]:
 def runtimes() -> dict[str, Path]:
     """Python version -> the python of a venv with awslambdaric and boto3."""
     result: dict[str, Path] = {}
-    for version, interpreter in _interpreters().items():
+    for version, interpreter in interpreters().items():
         venv = CACHE / "runtimes" / f"py{version}"
         python = venv / "bin" / "python"
         if not (venv / ".ready").exists():
@@ -115,14 +126,33 @@ def runtimes() -> dict[str, Path]:
 
 
 def main() -> int:
+    """Fetch everything; report each failure by name so a broken download is not mistaken for a test failure."""
+    failed = 0
+    steps: list[tuple[str, Callable[[], object]]] = [
+        ("DynamoDB Local", dynamodb_local), ("Runtime Interface Emulator", rie), ("runtimes", runtimes)]
+    for what, fetch in steps:
+        try:
+            got = fetch()
+        except Exception as error:
+            print(f"{what}: FAILED: {error}", file=sys.stderr)
+            failed += 1
+            continue
+        if isinstance(got, dict):
+            for version, python in got.items():
+                print(f"runtime python{version}: {python}")
+            if not got:
+                print(f"{what}: FAILED: no Python {', '.join(PYTHONS)} found (pyenv or the running one)",
+                      file=sys.stderr)
+                failed += 1
+        else:
+            print(f"{what}: {got}")
     if shutil.which("java") is None:
-        print("java is missing: apt-get install -y openjdk-17-jre-headless (./build.sh test does this)")
-        return 1
-    print(f"DynamoDB Local: {dynamodb_local()}")
-    print(f"Runtime Interface Emulator: {rie()}")
-    for version, python in runtimes().items():
-        print(f"runtime python{version}: {python}")
-    return 0
+        print("java is missing, and DynamoDB Local needs Java 17: apt-get install -y openjdk-17-jre-headless "
+              "(./build.sh test installs it)", file=sys.stderr)
+        failed += 1
+    else:
+        print(f"java: {shutil.which('java')}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

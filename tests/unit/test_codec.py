@@ -102,3 +102,17 @@ def test_compressed_result_fits_the_budget():
 
 def test_decode_accepts_text_data():
     assert codec.decode(codec.Encoded(codec.JSON, '{"a":1}')) == {"a": 1}
+
+
+def test_non_finite_floats_come_back_as_themselves():
+    import math
+
+    back = roundtrip({"nan": float("nan"), "inf": float("inf"), "neg": [float("-inf")], "none": None})
+    assert math.isnan(back["nan"]) and back["inf"] == math.inf and back["neg"] == [-math.inf]
+    assert back["none"] is None
+    assert codec.encode({"none": None, "x": 1.5}).format == codec.JSON  # a plain null stays on the fast path
+
+
+def test_lone_surrogate_is_refused_not_crashed():
+    with pytest.raises(codec.ResultNotEncodable):
+        codec.encode({"text": "\ud800"})

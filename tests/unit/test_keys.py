@@ -79,3 +79,16 @@ def test_bad_expression_is_a_configuration_error():
 def test_body_that_is_not_json_is_a_key_error():
     with pytest.raises(IdempotencyKeyError, match="could not be applied"):
         KeyDeriver("fn", "json_parse(body).orderId").key({"body": "not json"})
+
+
+@pytest.mark.parametrize("expression", ["json_parse(body).orderId", "powertools_json(body).orderId",
+                                        "json_parse(base64_decode(body)).id", "base64_gzip_decode(body)"])
+def test_missing_body_selects_nothing(expression):
+    assert KeyDeriver("fn", expression).key({"httpMethod": "GET"}) is None
+
+
+def test_integers_beyond_64_bits_are_keys():
+    keys = KeyDeriver("fn", "orderId")
+    big = keys.key({"orderId": 123456789012345678901234})
+    assert big == "fn#" + hashlib.sha256(b"123456789012345678901234").hexdigest()
+    assert big != keys.key({"orderId": 123456789012345678901235})

@@ -1,0 +1,179 @@
+"""./build.sh demo: the unmodified examples/orders handler, made exactly-once by the built layer, locally.
+
+DynamoDB Local holds the records; AWS's Runtime Interface Emulator runs the handler the way the managed
+Python runtime does (AWS_LAMBDA_EXEC_WRAPPER=/opt/idempotency-wrapper, the layer unzipped as /opt). What
+ran is counted by the handler's own side effect: one line per placed order in ORDERS_FILE.
+
+Exits non-zero if an order was placed other than exactly once, so it doubles as a smoke test.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import sys
+import tempfile
+import threading
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import boto3
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.support import downloads  # noqa: E402 (needs the repository root on the path)
+from tests.support.dynamodb_local import DynamoDBLocal, create_table  # noqa: E402
+from tests.support.rie import LambdaEnvironment  # noqa: E402
+
+TABLE = "idempotency-demo"
+COPIES = 5
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "demo", "AWS_SECRET_ACCESS_KEY": "demo", "AWS_REGION": "us-east-1"}
+
+
+def unzip_layer(zip_path: Path, opt: Path) -> None:
+    """Unzip as Lambda does, keeping the wrapper's mode bits (zipfile alone drops them)."""
+    with zipfile.ZipFile(zip_path) as zf:
+        for info in zf.infolist():
+            path = Path(zf.extract(info, opt))
+            if mode := (info.external_attr >> 16) & 0o777:
+                path.chmod(mode)
+
+
+def placed(orders_file: Path, order_id: str) -> int:
+    if not orders_file.exists():
+        return 0
+    return sum(json.loads(line)["orderId"] == order_id for line in orders_file.read_text().splitlines())
+
+
+def answer(env: LambdaEnvironment, event: dict[str, Any]) -> dict[str, Any]:
+    status, body, _ = env.invoke(event)
+    result = json.loads(body)
+    result["_status"] = status
+    return result
+
+
+def show(label: str, result: dict[str, Any]) -> str:
+    if "errorType" in result:
+        message = result.get("errorMessage", "")
+        return f"   {label}: {result['errorType']}: {message[:60]}{'...' if len(message) > 60 else ''}"
+    return f"   {label}: confirmation={result['confirmation']} placedAt={result['placedAt']}"
+
+
+def main() -> int:
+    arch = "arm64" if platform.machine() in ("aarch64", "arm64") else "x86_64"
+    zip_path = ROOT / "dist" / f"idempotency-layer-{arch}.zip"
+    if not zip_path.exists():
+        print(f"{zip_path} is missing: run ./build.sh first", file=sys.stderr)
+        return 1
+    runtimes = downloads.runtimes()
+    version = "3.12" if "3.12" in runtimes else max(runtimes, key=lambda v: tuple(map(int, v.split("."))))
+    work = Path(tempfile.mkdtemp(prefix="idempotency-demo-"))
+    task_root, opt, orders_file = work / "task", work / "opt", work / "orders.log"
+    shutil.copytree(ROOT / "examples" / "orders", task_root, ignore=shutil.ignore_patterns("__pycache__"))
+    unzip_layer(zip_path, opt)
+
+    failures = 0
+    ddb = DynamoDBLocal(work / "dynamodb.log").start()
+    environments: list[LambdaEnvironment] = []
+    try:
+        client = boto3.client(
+            "dynamodb",
+            endpoint_url=ddb.endpoint,
+            region_name=CREDENTIALS["AWS_REGION"],
+            aws_access_key_id="demo",
+            aws_secret_access_key="demo",
+        )
+        create_table(client, TABLE)
+        function_env = {
+            **CREDENTIALS,
+            "AWS_ENDPOINT_URL_DYNAMODB": ddb.endpoint,
+            "IDEMPOTENCY_TABLE": TABLE,
+            "IDEMPOTENCY_KEY_JMESPATH": "orderId",
+            "ORDERS_FILE": str(orders_file),
+        }
+
+        def environment(i: int) -> LambdaEnvironment:
+            env = LambdaEnvironment(
+                python=runtimes[version],
+                task_root=task_root,
+                opt_dir=opt,
+                log_path=work / f"rie-{i}.log",
+                env=function_env,
+                function_name="orders-demo",
+            )
+            environments.append(env)
+            return env.start()
+
+        print(f"layer {zip_path.relative_to(ROOT)} on Python {version} (managed runtime via the emulator)")
+        print(f"DynamoDB Local {ddb.endpoint}, table {TABLE}; orders file {orders_file}")
+        print("examples/orders/app.py has no idempotency code; AWS_LAMBDA_EXEC_WRAPPER=<opt>/idempotency-wrapper")
+
+        # 1) A retry: the same event twice, one environment.
+        event = json.loads((ROOT / "examples" / "orders" / "event.json").read_text())
+        print(f"\n1) the same event twice ({event['orderId']})")
+        first_env = environment(0)
+        first, second = answer(first_env, event), answer(first_env, event)
+        print(show("call 1", first))
+        print(show("call 2", second))
+        count = placed(orders_file, event["orderId"])
+        same = "confirmation" in first and first == second
+        print(f"   placed {count} time(s); call 2 {'replayed call 1' if same else 'DIFFERED from call 1'}")
+        failures += count != 1 or not same
+
+        # 2) A burst: five copies at once, each in its own execution environment, as Lambda scales out.
+        burst = {"orderId": "order-2002", "items": [{"sku": "LAMP-3", "quantity": 1}]}
+        print(f"\n2) {COPIES} copies at once ({burst['orderId']}), in {COPIES} execution environments")
+        envs = [first_env, *(environment(i) for i in range(1, COPIES))]
+        for i, env in enumerate(envs[1:], 1):
+            answer(env, {"orderId": f"warm-up-{i}", "items": []})  # cold starts first, so the copies overlap
+        gate = threading.Barrier(COPIES)
+        results: list[dict[str, Any]] = [{}] * COPIES
+
+        def fire(i: int) -> None:
+            gate.wait()
+            results[i] = answer(envs[i], burst)
+
+        threads = [threading.Thread(target=fire, args=(i,)) for i in range(COPIES)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for i, result in enumerate(results):
+            print(show(f"copy {i + 1}", result))
+        busy = [i for i, r in enumerate(results) if r.get("errorType") == "IdempotencyAlreadyInProgressError"]
+        if busy:
+            # What Lambda's own retry of those invocations would get: the stored answer, not a new order.
+            print(f"   retrying the {len(busy)} told 'in progress':")
+            for i in busy:
+                results[i] = answer(envs[i], burst)
+                print(show(f"copy {i + 1} again", results[i]))
+        count = placed(orders_file, burst["orderId"])
+        confirmations = {r.get("confirmation") for r in results}
+        print(f"   placed {count} time(s); {COPIES} answers, {len(confirmations)} distinct confirmation(s)")
+        failures += count != 1 or len(confirmations) != 1 or None in confirmations
+        # Everything the handler did, straight from its side effect.
+        lines = [json.loads(line)["orderId"] for line in orders_file.read_text().splitlines()]
+        print(
+            f"\n{orders_file.name}: {len(lines)} line(s) for {len(set(lines))} distinct orders ({COPIES - 1} warm-ups)"
+        )
+        print("demo: OK: every order placed exactly once" if not failures else "demo: FAILED")
+    except Exception:
+        for env in environments:
+            print(f"--- {env.log_path}\n{env.log_tail(3000)}", file=sys.stderr)
+        raise
+    finally:
+        for env in environments:
+            env.stop()
+        ddb.stop()
+    if failures:
+        print(f"logs kept in {work}", file=sys.stderr)
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""The layer on every Python found: the wrapper swaps the handler, a repeat replays, results survive storage."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import INTERCEPTOR, Environments, Executions, get_record, marker, record_id
+
+
+def test_wrapper_swaps_handler_and_leaves_pythonpath(python_version: str, environments: Environments,
+                                                     shared_table: str) -> None:
+    env = environments.shared(python_version, shared_table)
+    answer = env.invoke({"marker": marker(), "action": "info"})
+    assert answer.status == 200, answer.body
+    info = answer.json()
+    assert info["python"] == python_version
+    assert info["handler"] == INTERCEPTOR
+    assert info["original_handler"] == "app.handler"
+    assert info["pythonpath"] is None  # the wrapper contract: no PYTHONPATH changes
+
+
+def test_same_event_twice_runs_once(python_version: str, environments: Environments, shared_table: str,
+                                    executions: Executions, ddb_client: Any) -> None:
+    env = environments.shared(python_version, shared_table)
+    event = {"marker": marker(), "action": "random"}
+    first, second = env.invoke(event), env.invoke(event)
+    assert first.status == second.status == 200
+    assert first.error_type is None, first.body
+    assert second.body == first.body  # byte for byte: the random id and the timestamp are replayed
+    assert executions.count(event["marker"]) == 1
+    record = get_record(ddb_client, shared_table, record_id(event))
+    assert record is not None and record["status"] == {"S": "COMPLETED"}
+
+
+@pytest.mark.parametrize("kind", ["none", "empty_dict", "empty_list", "zero", "empty_str", "false", "decimal",
+                                  "bytes", "unicode", "non_finite", "huge_int"])
+def test_result_replays_identically(python_version: str, environments: Environments, shared_table: str,
+                                    executions: Executions, kind: str) -> None:
+    env = environments.shared(python_version, shared_table)
+    event = {"marker": marker(), "action": "result", "result": kind}
+    first, second = env.invoke(event), env.invoke(event)
+    assert first.error_type is None, first.body
+    assert (second.status, second.body) == (first.status, first.body)
+    assert executions.count(event["marker"]) == 1
+    if kind == "bytes":
+        assert first.body == b"\x00\xff\xfe raw bytes \x80\n"
+    elif kind == "non_finite":  # the runtime writes NaN and the infinities as bare words; so must the replay
+        assert second.body == b'{"nan": NaN, "inf": Infinity, "-inf": -Infinity, "none": null}'
+    elif kind == "huge_int":
+        assert json.loads(second.body) == {"n": 2**70 + 1, "neg": -(2**65)}
+    elif kind == "decimal":  # the runtime writes Decimals as exact JSON numbers; so must the replay
+        assert b"12345678901234567890.000000001" in second.body
+        assert json.loads(second.body)["price"] == 19.99
+    else:
+        expected = {"none": None, "empty_dict": {}, "empty_list": [], "zero": 0, "empty_str": "", "false": False,
+                    "unicode": {"text": "caf\u00e9 \u2603 \U0001f600"}}[kind]
+        assert json.loads(second.body) == expected
