@@ -28,6 +28,10 @@ MAX_CLAIM_ATTEMPTS = 3
 logger = logging.getLogger("idempotency_layer")
 
 
+class Undeliverable(Exception):
+    """Raised by a `deliver` function: the result cannot be handed back at all, so it must not be stored."""
+
+
 class Outcome(NamedTuple):
     value: Any
     replayed: bool
@@ -80,12 +84,13 @@ class Cycle:
         key: str,
         invoke: Callable[[], Any],
         remaining_ms: int,
-        accept: Callable[[Any], bool] | None = None,
+        deliver: Callable[[Any], Any] | None = None,
     ) -> Outcome:
         """Run `invoke` once for `key`, or replay the result of the run that did.
 
         `remaining_ms` is how long this invocation may still take: the claim lasts that long.
-        `accept` says whether a result can be delivered at all; one it refuses is not stored.
+        `deliver` turns a fresh result into what is handed back (e.g. already marshalled), or raises
+        `Undeliverable`: such a result is not stored, and the claim is released.
         """
         if self.cache is not None:
             cached = self.cache.get(key, self.clock())
@@ -95,7 +100,7 @@ class Cycle:
         record = self._claim(key, owner, remaining_ms)
         if record is not None:
             return self._replay(record)
-        return Outcome(self._invoke(key, owner, invoke, accept), False)
+        return Outcome(self._invoke(key, owner, invoke, deliver), False)
 
     def _claim(self, key: str, owner: str, remaining_ms: int) -> Record | None:
         for _ in range(MAX_CLAIM_ATTEMPTS):
@@ -135,15 +140,19 @@ class Cycle:
             self.cache.put(record.key, record.expires_at, result)
         return Outcome(value, True)
 
-    def _invoke(self, key: str, owner: str, invoke: Callable[[], Any], accept: Callable[[Any], bool] | None) -> Any:
+    def _invoke(self, key: str, owner: str, invoke: Callable[[], Any], deliver: Callable[[Any], Any] | None) -> Any:
         try:
             value = invoke()
         except BaseException:
             self._release(key, owner)
             raise
-        if accept is not None and not accept(value):
-            self._release(key, owner)
-            return value
+        delivered = value
+        if deliver is not None:
+            try:
+                delivered = deliver(value)
+            except Undeliverable:
+                self._release(key, owner)
+                return value
         try:
             result = codec.encode(value)
         except codec.ResultNotEncodable:
@@ -157,12 +166,12 @@ class Cycle:
         except IdempotencyPersistenceLayerError:
             # The handler ran: failing now would make the caller retry into a second run.
             logger.error("completing key %r failed; returning the result anyway", key, exc_info=True)
-            return value
+            return delivered
         if not completed:
             logger.error("claim on key %r expired and was taken over before completion; returning our result", key)
         elif self.cache is not None:
             self.cache.put(key, expires_at, result)
-        return value
+        return delivered
 
     def _release(self, key: str, owner: str) -> None:
         try:

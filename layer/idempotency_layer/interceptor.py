@@ -42,33 +42,35 @@ def _get_handler(name: str) -> Any:
         raise ImportError(f"Handler '{function_name}' missing on module '{module_name}'") from None
 
 
-def _marshal_check() -> Any:
+def _delivery() -> Any:
+    """How a fresh result is handed to the runtime, or None outside a runtime (nobody marshals it then).
+
+    The runtime marshals what the handler returns after we return. We marshal it first, with the runtime's
+    own marshaller: a result it cannot marshal must not be stored. The text is then handed back wrapped so
+    the runtime's encoder emits it as it is, and the result is encoded once, not twice.
+    """
     marshaller = _runtime_module(
         "LambdaMarshaller", "awslambdaric.lambda_runtime_marshaller", "lambda_runtime_marshaller"
     )
-    if marshaller is not None:
-        encode = marshaller().marshal_response
-    else:
-        import json
-        from decimal import Decimal
+    if marshaller is None:
+        return None
+    marshal = marshaller().marshal_response
+    raw = getattr(getattr(sys.modules.get(marshaller.__module__), "json", None), "RawJSON", None)
+    probe = '{"probe":[1,"\u00e9"]}'
+    try:
+        if raw is None or marshal(raw(probe))[0] != probe:
+            raw = None  # a marshaller that does not pass raw JSON through: hand back the value itself
+    except Exception:
+        raw = None
 
-        def _number(value: Any) -> Any:
-            if isinstance(value, Decimal):
-                return float(value)
-            raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
-
-        def encode(value: Any) -> Any:
-            return value if isinstance(value, bytes) else json.dumps(value, default=_number)
-
-    def accept(value: Any) -> bool:
-        # The runtime marshals the result after we return; one it cannot marshal must not be stored.
+    def deliver(value: Any) -> Any:
         try:
-            encode(value)
+            text, _content_type = marshal(value)
         except Exception:
-            return False
-        return True
+            raise Undeliverable from None
+        return value if raw is None or isinstance(value, bytes) else raw(text)
 
-    return accept
+    return deliver
 
 
 def _without_layer_frames(tb: Any) -> Any:
@@ -86,7 +88,7 @@ if CONFIG.disabled:
     # Pass-through: the runtime calls the user's function itself, at no cost per invocation.
     handler = user_handler
 else:
-    from .cycle import Cycle
+    from .cycle import Cycle, Undeliverable
     from .keys import KeyDeriver
     from .store import DynamoDBStore
     from .transport import make_transport
@@ -109,7 +111,7 @@ else:
         CONFIG.ttl_seconds,
         CONFIG.local_cache_size,
     )
-    _accept = _marshal_check()
+    _deliver = _delivery()
 
     def handler(event: Any, context: Any) -> Any:  # type: ignore[misc]
         key = _keys.key(event)  # before the handler runs: a handler that mutates its event cannot move it
@@ -127,7 +129,7 @@ else:
         remaining = getattr(context, "get_remaining_time_in_millis", None)
         remaining_ms = remaining() if remaining is not None else _LONGEST_INVOCATION_MS
         try:
-            return _cycle.run(key, partial(user_handler, event, context), remaining_ms, _accept).value
+            return _cycle.run(key, partial(user_handler, event, context), remaining_ms, _deliver).value
         except BaseException as error:
             # The runtime reports the traceback: drop the cycle's frames (this one frame stays, as in any re-raise).
             # A bare re-raise, not `from`: the user's __cause__ and __context__ stay as they were.

@@ -12,7 +12,7 @@ from decimal import Decimal
 import pytest
 
 from idempotency_layer import codec
-from idempotency_layer.cycle import Cycle
+from idempotency_layer.cycle import Cycle, Undeliverable
 from idempotency_layer.errors import (
     IdempotencyAlreadyInProgressError,
     IdempotencyClaimConflictError,
@@ -118,7 +118,10 @@ def test_claim_lasts_the_remaining_time_and_zero_is_real(store):
 def test_refused_result_is_released_not_stored(store):
     cycle = Cycle(store, ttl_seconds=3600)
     handler = Handler({"when": object()})
-    outcome = cycle.run(KEY, handler, LONG, accept=lambda value: False)
+    def refuse(value):
+        raise Undeliverable
+
+    outcome = cycle.run(KEY, handler, LONG, deliver=refuse)
     assert outcome.value is handler.result
     assert store.get(KEY) is None
 
@@ -195,6 +198,13 @@ def test_clock_skew_is_retried_a_bounded_number_of_times(store):
         Cycle(store, ttl_seconds=3600, clock=skewed).run(KEY, handler, LONG)
     assert handler.calls == []
     assert len(readings) == 6
+
+
+def test_delivered_form_is_returned_and_the_value_is_stored(store):
+    cycle = Cycle(store, ttl_seconds=3600)
+    outcome = cycle.run(KEY, Handler({"v": 1}), LONG, deliver=lambda value: ("marshalled", value))
+    assert outcome.value == ("marshalled", {"v": 1})
+    assert cycle.run(KEY, Handler(), LONG).value == {"v": 1}
 
 
 def test_local_cache_replays_without_requests_and_never_outlives_the_record(store, proxy):
