@@ -1,0 +1,43 @@
+"""The benchmark's function: a plain handler with no idempotency code, the same for every system.
+
+Its result is deterministic (so replays can be checked against it) and sized by the event's `size`: a small
+order confirmation, or one with order lines adding up to about 1 KB or 100 KB of JSON.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+RUNS = 0  # how often the body ran: a replay must not move it
+TARGET_BYTES = {"small": 0, "1k": 1_000, "100k": 100_000}
+_LINES: dict[str, list[dict[str, Any]]] = {}
+_WORDS = ("mug", "book", "lamp", "chair", "desk", "pen", "bag", "cable", "plant", "clock", "shirt", "kettle")
+
+
+def _line(n: int) -> dict[str, Any]:
+    # Repeated keys and a hex reference: JSON that compresses like real data (a few times), not like padding.
+    ref = hashlib.sha1(str(n).encode()).hexdigest()[:16]
+    return {"sku": f"SKU-{n:05d}", "name": f"{_WORDS[n % 12]} {_WORDS[(n * 7) % 12]}", "qty": n % 5 + 1,
+            "price": f"{(n * 37) % 10000 / 100:.2f}", "ref": ref}
+
+
+def lines(size: str) -> list[dict[str, Any]]:
+    """Order lines whose JSON is about TARGET_BYTES[size] long; built once, on first use."""
+    found = _LINES.get(size)
+    if found is None:
+        found, total, n = [], 0, 0
+        while total < TARGET_BYTES[size]:
+            line = _line(n)
+            found.append(line)
+            total += len(json.dumps(line)) + 2
+            n += 1
+        _LINES[size] = found
+    return found
+
+
+def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    global RUNS
+    RUNS += 1
+    return {"orderId": event.get("orderId"), "status": "placed", "lines": lines(event.get("size", "small"))}

@@ -1,0 +1,456 @@
+"""Figures, ratios, targets: from the raw samples to the stdout table, results.json and ratios.png."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from stats import mean_ms, median_ms, percentile_ms, ratio
+
+PACKAGES = ("boto3", "botocore", "orjson", "aws-lambda-powertools", "urllib3", "jmespath", "awslambdaric",
+            "matplotlib")
+# Which system is "this layer" and which is Powertools, per path (cache hits need the cache-on workers).
+PAIRS = {"cache_hit": ("layer+cache", "powertools+cache")}
+PATH_LABELS = {
+    "first": "first execution",
+    "replay": "replay",
+    "cache_hit": "replay, local cache hit",
+    "no_key": "no key (pass-through)",
+    "first_1k": "first execution, 1 KB result",
+    "replay_1k": "replay, 1 KB result",
+    "first_100k": "first execution, 100 KB result",
+    "replay_100k": "replay, 100 KB result",
+}
+EXPECTED_REQUESTS = {"first": 2, "replay": 1, "cache_hit": 0, "no_key": 0}
+MB = 1024 * 1024
+
+
+def _cpu_model() -> str:
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                fields.setdefault(name.strip(), value.strip())
+    except OSError:
+        return platform.processor() or platform.machine()
+    model = fields.get("model name", platform.machine())
+    if "cpu family" in fields:
+        model += f" (family {fields['cpu family']}, model {fields.get('model', '?')})"
+    return model
+
+
+def machine() -> dict[str, Any]:
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    hypervisor = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            hypervisor = " (virtual machine)" if " hypervisor" in f.read() else ""
+    except OSError:
+        pass
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": _cpu_model() + hypervisor,
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "packages": versions,
+    }
+
+
+# -- summarising ------------------------------------------------------------------------------------------
+
+
+def _figures(samples: Any) -> dict[str, Any]:
+    n = samples.n
+    return {
+        "n": n,
+        "wall_p50_ms": median_ms(samples.wall_ns),
+        "wall_p95_ms": percentile_ms(samples.wall_ns, 95),
+        "cpu_p50_ms": median_ms(samples.cpu_ns),
+        "cpu_mean_ms": mean_ms(samples.cpu_ns),
+        "requests": sum(samples.requests.values()) / n if n else math.nan,
+        "requests_by_op": {op: count / n for op, count in sorted(samples.requests.items())},
+        "bytes_sent": samples.bytes_sent / n if n else math.nan,
+        "handler_runs": samples.runs / n if n else math.nan,
+        "wrong_results": samples.wrong,
+    }
+
+
+def summarise(results: dict[str, Any]) -> dict[str, Any]:
+    summary: dict[str, Any] = {"meta": results["meta"], "paths": {}, "targets": []}
+    for path, systems in results["inprocess"].items():
+        figures = {system: _figures(samples) for system, samples in systems.items()}
+        layer, powertools = PAIRS.get(path, ("layer", "powertools"))
+        ratios: dict[str, dict[str, float]] = {}
+        for mine in (layer, "layer-boto3"):
+            if mine in figures and powertools in figures:
+                a, b = figures[mine], figures[powertools]
+                ratios[mine] = {k: ratio(a[k], b[k]) for k in ("wall_p50_ms", "wall_p95_ms", "cpu_p50_ms",
+                                                               "requests", "bytes_sent")}
+        summary["paths"][path] = {"label": PATH_LABELS[path], "systems": figures, "ratios": ratios,
+                                  "layer": layer, "powertools": powertools}
+    for name in ("init", "e2e", "profile"):
+        if name in results:
+            summary[name] = results[name]
+    summary["targets"] = targets(summary)
+    return summary
+
+
+def _target(name: str, measured: float, limit: float, unit: str, detail: str = "", exact: bool = False) -> dict:
+    if math.isnan(measured):
+        verdict = "n/a"
+    elif exact:
+        verdict = "PASS" if abs(measured - limit) < 1e-9 else "MISS"
+    else:
+        verdict = "PASS" if measured <= limit else "MISS"
+    return {"target": name, "measured": measured, "limit": limit, "unit": unit, "verdict": verdict,
+            "detail": detail}
+
+
+def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    paths = summary["paths"]
+    found = []
+    for path in ("first", "replay"):
+        entry = paths[path]
+        mine, theirs = entry["systems"][entry["layer"]], entry["systems"][entry["powertools"]]
+        found.append(_target(
+            f"client CPU per {PATH_LABELS[path]} <= 0.5x Powertools", ratio(mine["cpu_p50_ms"], theirs["cpu_p50_ms"]),
+            0.5, "x", f"{mine['cpu_p50_ms']:.3f} ms vs {theirs['cpu_p50_ms']:.3f} ms (medians)"))
+    hit = paths["cache_hit"]["systems"]["layer+cache"]
+    found.append(_target("cache-hit replay CPU <= 0.05 ms", hit["cpu_p50_ms"], 0.05, "ms",
+                         f"median; mean {hit['cpu_mean_ms']:.4f} ms"))
+    for path, expected in EXPECTED_REQUESTS.items():
+        entry = paths[path]
+        got = entry["systems"][entry["layer"]]["requests"]
+        ops = ", ".join(f"{op} {count:g}" for op, count in entry["systems"][entry["layer"]]["requests_by_op"].items())
+        found.append(_target(f"requests per {PATH_LABELS[path]} = {expected}", got, expected, "requests",
+                             ops or "none", exact=True))
+    init = summary.get("init")
+    if init:
+        cpu = init["overhead_cpu_ms"]
+        found.append(_target(
+            "init overhead <= 0.5x Powertools' (import + persistence layer)",
+            ratio(init["overhead_ms"]["layer"], init["overhead_ms"]["powertools"]), 0.5, "x",
+            f"{init['overhead_ms']['layer']:.1f} ms vs {init['overhead_ms']['powertools']:.1f} ms over bare "
+            f"(wall medians; Powertools with its .pyc); by CPU {cpu['layer']:.1f} vs {cpu['powertools']:.1f} ms, "
+            f"{ratio(cpu['layer'], cpu['powertools']):.2f}x"))
+        found.append(_target("added peak RSS <= 10 MB", init["added_rss_mb"]["layer"], 10.0, "MB",
+                             f"Powertools adds {init['added_rss_mb']['powertools']:.1f} MB"))
+    return found
+
+
+def e2e_added(e2e: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per path: with layer minus without, for the median wall and the runtime CPU."""
+    by = {(r["label"], r["function"]): r for r in e2e.get("rows", [])}
+    added = {}
+    for label in dict.fromkeys(r["label"] for r in e2e.get("rows", [])):
+        mine, bare = by.get((label, "with layer")), by.get((label, "without layer"))
+        if mine and bare:
+            added[label] = {k: mine[k] - bare[k] for k in ("wall_p50_ms", "runtime_cpu_ms")}
+    return added
+
+
+# -- rendering --------------------------------------------------------------------------------------------
+
+
+def _fmt(value: float, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.{digits}f}"
+
+
+def _table(header: list[str], rows: list[list[str]], markdown: bool) -> str:
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        return "\n".join(lines)
+    widths = [max(len(str(x)) for x in column) for column in zip(header, *rows, strict=True)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
+    out.append("  ".join("-" * w for w in widths))
+    out += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    return "\n".join(out)
+
+
+def _ratio_cell(value: float) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.2f}x"
+
+
+def render(summary: dict[str, Any], markdown: bool = False, cprofile: bool = True) -> str:
+    meta = summary["meta"]
+    parts = []
+    versions = ", ".join(f"{k} {v}" for k, v in meta["packages"].items() if v)
+    parts.append(f"{meta['date']}; {meta['cpu']}, {meta['cores']} cores; Python {meta['python']}; {versions}")
+    parts.append(f"{meta['iterations']} measured invocations per path and system after {meta['warmup']} warm-up, "
+                 "systems interleaved in batches of 10; medians unless p95")
+
+    # 1. Headline: this layer (lean transport) against Powertools, per path, with ratio columns.
+    header = ["path", "CPU ms layer", "CPU ms PT", "CPU ratio", "wall p50 layer", "wall p50 PT", "wall ratio",
+              "p95 ratio", "requests layer", "requests PT", "bytes layer", "bytes PT", "bytes ratio"]
+    rows = []
+    for entry in summary["paths"].values():
+        a, b = entry["systems"][entry["layer"]], entry["systems"][entry["powertools"]]
+        r = entry["ratios"][entry["layer"]]
+        rows.append([entry["label"], _fmt(a["cpu_p50_ms"]), _fmt(b["cpu_p50_ms"]), _ratio_cell(r["cpu_p50_ms"]),
+                     _fmt(a["wall_p50_ms"]), _fmt(b["wall_p50_ms"]), _ratio_cell(r["wall_p50_ms"]),
+                     _ratio_cell(r["wall_p95_ms"]), _fmt(a["requests"], 2), _fmt(b["requests"], 2),
+                     _fmt(a["bytes_sent"], 0), _fmt(b["bytes_sent"], 0), _ratio_cell(r["bytes_sent"])])
+    parts.append("\nThis layer (lean transport) / Powertools @idempotent, in-process, per invocation")
+    parts.append(_table(header, rows, markdown))
+
+    # 2. Every system, every figure.
+    header = ["path", "system", "wall p50 ms", "wall p95 ms", "CPU p50 ms", "CPU mean ms", "requests", "bytes sent",
+              "handler runs", "CPU / PT"]
+    rows = []
+    for entry in summary["paths"].values():
+        pt = entry["systems"][entry["powertools"]]["cpu_p50_ms"]
+        for system, f in entry["systems"].items():
+            ops = "+".join(f"{op.replace('Item', '')}" for op in f["requests_by_op"]) or "-"
+            rows.append([entry["label"], system, _fmt(f["wall_p50_ms"]), _fmt(f["wall_p95_ms"]),
+                         _fmt(f["cpu_p50_ms"]), _fmt(f["cpu_mean_ms"]), f"{_fmt(f['requests'], 2)} ({ops})",
+                         _fmt(f["bytes_sent"], 0), _fmt(f["handler_runs"], 2), _ratio_cell(ratio(f["cpu_p50_ms"], pt))])
+    parts.append("\nAll systems (bare = the handler alone; layer-boto3 = IDEMPOTENCY_TRANSPORT=boto3)")
+    parts.append(_table(header, rows, markdown))
+    wrong = [(p, s) for p, e in summary["paths"].items() for s, f in e["systems"].items() if f["wrong_results"]]
+    if wrong:
+        parts.append(f"WARNING: results differing from the handler's: {wrong}")
+
+    init = summary.get("init")
+    if init:
+        parts.append(f"\nInit, fresh process to ready for the first event ({init['samples']} each, medians; "
+                     f"{init['note']})")
+        header = ["system", "wall ms", "over bare ms", "CPU ms", "CPU over bare ms", "peak RSS MB", "added RSS MB",
+                  "overhead / PT"]
+        rows = []
+        theirs = init["overhead_ms"]["powertools"]
+        for system, f in init["systems"].items():
+            over = init["overhead_ms"].get(system, math.nan)
+            rows.append([system, _fmt(f["wall_ms"], 1), _fmt(over, 1), _fmt(f["cpu_ms"], 1),
+                         _fmt(init["overhead_cpu_ms"].get(system, math.nan), 1), _fmt(f["hwm_mb"], 1),
+                         _fmt(init["added_rss_mb"].get(system, math.nan), 1), _ratio_cell(ratio(over, theirs))])
+        parts.append(_table(header, rows, markdown))
+        parts.append("\nPeak RSS of the layer's init, step by step (one process; each step's own megabytes)")
+        parts.append(_table(["step", "peak RSS MB", "added MB"],
+                            [[r["step"], _fmt(r["hwm_mb"], 1), _fmt(r["added_mb"], 1)] for r in init["rss_steps"]],
+                            markdown))
+        parts.append("\n`python -X importtime` of idempotency_layer.interceptor (no .pyc for the layer), "
+                     "top 10 cumulative")
+        parts.append(_table(["module", "cumulative ms", "self ms"],
+                            [[m["module"], _fmt(m["cumulative_ms"], 1), _fmt(m["self_ms"], 1)]
+                             for m in init["importtime"]], markdown))
+
+    e2e = summary.get("e2e")
+    if e2e:
+        if e2e.get("skipped"):
+            parts.append(f"\nEnd to end under RIE: skipped ({e2e['skipped']})")
+        else:
+            parts.append(f"\nEnd to end under the Runtime Interface Emulator ({e2e['note']}; "
+                         + ", ".join(f"{k} {v}" for k, v in e2e["runtime"].items()) + ")")
+            header = ["path", "function", "wall p50 ms", "wall p95 ms", "runtime CPU ms / invocation", "requests"]
+            rows = [[p["label"], p["function"], _fmt(p["wall_p50_ms"]), _fmt(p["wall_p95_ms"]),
+                     _fmt(p["runtime_cpu_ms"], 2), _fmt(p["requests"], 2)] for p in e2e["rows"]]
+            for label, added in e2e_added(e2e).items():
+                rows.append([label, "added by the layer", _fmt(added["wall_p50_ms"]), "",
+                             _fmt(added["runtime_cpu_ms"], 2), ""])
+            parts.append(_table(header, rows, markdown))
+
+    profile = summary.get("profile")
+    if profile:
+        parts.append("\nThe layer's hot-path parts timed alone, no profiler (CPU ms per call, best of 5 means)")
+        parts.append(_table(["part", "CPU ms"], [[c["part"], _fmt(c["ms"], 4)] for c in profile["components"]],
+                            markdown))
+        for name, found in (profile["cprofile"] if cprofile else {}).items():
+            parts.append(f"\ncProfile (timer time.process_time) of the layer's {name}, lean transport, per "
+                         "invocation (profiler overhead included)")
+            parts.append(_table(["part", "cumulative ms"], [[b["part"], _fmt(b["ms"], 3)] for b in found["buckets"]],
+                                markdown))
+            parts.append(_table(["function, by own time", "calls", "own ms", "cumulative ms"],
+                                [[t["function"], str(t["calls"]), _fmt(t["own_ms"], 4), _fmt(t["cum_ms"], 4)]
+                                 for t in found["top"]], markdown))
+
+    parts.append("\nTargets (this layer, ratios within this run)")
+    rows = [[t["target"], _fmt(t["measured"], 3) + (" " + t["unit"] if t["unit"] != "x" else "x"),
+             t["verdict"], t["detail"]] for t in summary["targets"]]
+    parts.append(_table(["target", "measured", "verdict", "detail"], rows, markdown))
+    return "\n".join(parts)
+
+
+# -- the README section ----------------------------------------------------------------------------------
+
+NOTES = """\
+How it was measured, and where the systems differ:
+
+- One DynamoDB Local (in memory) behind one counting proxy; every system is pointed at the proxy, which counts
+  requests by `X-Amz-Target` and the bytes clients send. The proxy is the tests' `CountingProxy`, which
+  sets TCP_NODELAY on both legs: without it, requests written as headers then body wait for
+  delayed ACKs and every wall time carries ~40 ms of the proxy's.
+- One worker process per system, configured once as at a function's init, fed the same events; batches of 10
+  invocations go to each system in turn, the order rotated per batch, only one process working at a time.
+  CPU is `time.process_time()` around the handler call (user + kernel of the worker, socket I/O included;
+  DynamoDB Local's and the proxy's are not).
+- Equivalent settings: key expression `orderId`, TTL 3600 s, key prefix `bench`, local cache off except on the
+  cache row (1024 entries each), `raise_on_no_idempotency_key=False` / `IDEMPOTENCY_REQUIRE_KEY=false`. Each
+  library keeps its own record layout, in a table of its own, and its own defaults otherwise: Powertools hashes
+  with md5 over `json.dumps`, deep-copies the event, stores results as uncompressed JSON; this layer hashes
+  with sha256 over orjson and zlib-compresses results over 8 KB (the 100 KB result is stored as ~19 KB, hence
+  its bytes ratio). Bytes count what clients send, not what they receive.
+- `layer` is the default lean transport; `layer-boto3` is `IDEMPOTENCY_TRANSPORT=boto3`, the same boto3 client
+  Powertools uses.
+- In-process there is no runtime to marshal results, so the layer does no marshal check there. Under the
+  runtime it marshals a fresh result once with the runtime's own encoder, to refuse what cannot be marshalled,
+  and hands the text back as raw JSON, so the runtime does not encode it again: the end-to-end rows measure
+  that. Pass-through: the layer logs one WARNING per event (to a
+  file here); Powertools calls `warnings.warn`, which Python prints once per call site.
+- Init: a fresh process per sample, time from `Popen` to a "ready" line, CPU (`process_time`) and VmHWM at
+  that point (wall includes waiting for a core on this shared machine; CPU does not); every probe runs with
+  PYTHONDONTWRITEBYTECODE=1. The layer's package is a copy without .pyc: it ships none, and /opt is read-only,
+  so none can be written at run time. boto3/botocore/urllib3/jmespath keep theirs, as the runtime's do.
+  Powertools keeps its .pyc: its layers are built per Python version with pip (which compiles), and the layer
+  canary in its repository (layer_v3) fails when imports recompile sources; an older version of its layer
+  Dockerfile deleted .pyc, so what the 3.37.0 layer ships is not verified here. With .pyc is its better case and
+  the harder comparison for this layer; Powertools without .pyc, and this layer with .pyc, are shown too.
+- End to end: `tests/support/rie.py` (RIE + awslambdaric through the stand-in managed-runtime bootstrap, the
+  built layer zip unpacked into a stand-in /opt, attached with AWS_LAMBDA_EXEC_WRAPPER); runtime CPU is
+  utime + stime of the runtime process from /proc/<pid>/stat over all measured invocations (10 ms ticks, so a
+  mean with +-10 ms / N resolution).
+- The machine is shared and noisy: ratios within one run are what to read; absolute figures move between runs.
+"""
+
+
+def verdicts(summary: dict[str, Any]) -> str:
+    met = [t for t in summary["targets"] if t["verdict"] == "PASS"]
+    missed = [t for t in summary["targets"] if t["verdict"] == "MISS"]
+    lines = [f"Met ({len(met)} of {len(summary['targets'])}): " + "; ".join(
+        f"{t['target']} ({_measured(t)})" for t in met) + "."]
+    for t in missed:
+        over = t["measured"] - t["limit"]
+        how = f"{over:.3g}{'x' if t['unit'] == 'x' else ' ' + t['unit']} over the limit"
+        if t["limit"]:
+            how += f" ({over / t['limit']:.0%})"
+        lines.append(f"Missed: {t['target']}: measured {_measured(t)}, {how}; {t['detail']}.")
+    return "\n\n".join(lines)
+
+
+def _measured(t: dict[str, Any]) -> str:
+    if t["unit"] == "x":
+        return f"{t['measured']:.3g}x"
+    if t["unit"] == "requests":
+        return f"{t['measured']:g}: {t['detail']}"
+    return f"{t['measured']:.3g} {t['unit']}"
+
+
+def readme_section(summary: dict[str, Any]) -> str:
+    meta = summary["meta"]
+    return "\n".join([
+        "### Benchmark: this layer against Powertools `@idempotent`",
+        "",
+        f"Measured {meta['date']} by `bench/run.py` (what `./build.sh bench` runs; {meta['seconds']} s) on "
+        f"{meta['cpu']}, {meta['cores']} cores, Python {meta['python']}. Raw figures: `bench/results.json`.",
+        "",
+        "![this layer / Powertools, per path](bench/ratios.png)",
+        "",
+        verdicts(summary),
+        "",
+        "```text",
+        render(summary, cprofile=False),
+        "```",
+        "",
+        "cProfile's per-function tables are on the run's stdout and in `bench/results.json` (`profile`).",
+        "",
+        NOTES,
+    ])
+
+
+# -- files ------------------------------------------------------------------------------------------------
+
+
+def _clean(value: Any) -> Any:
+    # JSON has no NaN: missing figures are null.
+    if isinstance(value, float):
+        return None if math.isnan(value) else round(value, 6)
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def write(summary: dict[str, Any], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "results.json.tmp"
+    tmp.write_text(json.dumps(_clean(summary), indent=2) + "\n")
+    os.replace(tmp, out / "results.json")
+    chart(summary, out / "ratios.png")
+    (out / "README-section.md").write_text(readme_section(summary))
+
+
+def chart(summary: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    init = summary.get("init")
+    fig, axes = plt.subplots(1, 2 if init else 1, figsize=(13, 5.5), squeeze=False,
+                             gridspec_kw={"width_ratios": [4, 1] if init else [1]})
+    ax = axes[0][0]
+    labels = [e["label"] for e in summary["paths"].values()]
+    series = [("CPU p50", "cpu_p50_ms"), ("wall p50", "wall_p50_ms"), ("wall p95", "wall_p95_ms"),
+              ("bytes sent", "bytes_sent")]
+    width = 0.8 / len(series)
+    for i, (name, key) in enumerate(series):
+        values = [e["ratios"][e["layer"]][key] for e in summary["paths"].values()]
+        xs = [x + (i - (len(series) - 1) / 2) * width for x in range(len(labels))]
+        ax.bar(xs, [0 if v is None or math.isnan(v) else v for v in values], width, label=name)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.axhline(0.5, color="grey", linewidth=0.8, linestyle="--", label="CPU target (0.5x)")
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=25, ha="right", fontsize=8)
+    ax.set_ylabel("this layer / Powertools (lower is better)")
+    ax.set_title("per invocation, in-process", fontsize=9)
+    ax.legend(fontsize=8)
+    if init:
+        side = axes[0][1]
+        theirs = init["overhead_ms"]["powertools"], init["added_rss_mb"]["powertools"]
+        names = ["layer", "layer (.pyc)"]
+        width = 0.35
+        for i, (label, key, base) in enumerate((("init time over bare", "overhead_ms", theirs[0]),
+                                                 ("added peak RSS", "added_rss_mb", theirs[1]))):
+            values = [ratio(init[key][n], base) for n in names]
+            side.bar([x + (i - 0.5) * width for x in range(len(names))],
+                     [0 if math.isnan(v) else v for v in values], width, label=label, color=f"C{4 + i}")
+        side.axhline(1.0, color="black", linewidth=0.8)
+        side.axhline(0.5, color="grey", linewidth=0.8, linestyle="--")
+        side.set_xticks(range(len(names)))
+        side.set_xticklabels(["layer (no .pyc, as shipped)", "layer if it had .pyc"], rotation=25, ha="right",
+                             fontsize=8)
+        side.set_title("init vs Powertools (with .pyc)", fontsize=9)
+        side.legend(fontsize=8)
+    meta = summary["meta"]
+    fig.suptitle(f"idempotency-layer / Powertools @idempotent: {meta['date']}, {meta['cpu']}, {meta['cores']} "
+                 f"cores, Python {meta['python']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    # Re-render a results.json: python bench/report.py [results.json] [--markdown] [--readme: rewrite the section]
+    source = Path(next((a for a in sys.argv[1:] if not a.startswith("--")), Path(__file__).parent / "results.json"))
+    loaded = json.loads(source.read_text())
+    if "--readme" in sys.argv:
+        (source.parent / "README-section.md").write_text(readme_section(loaded))
+    else:
+        print(render(loaded, "--markdown" in sys.argv))
