@@ -143,3 +143,11 @@ def test_no_region_is_a_configuration_error(load, monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
     with pytest.raises(IdempotencyConfigurationError, match=r"NoRegionError.*AWS_REGION"):
         load()
+
+
+def test_log_level_setting_silences_warnings(load, caplog):
+    interceptor = load(IDEMPOTENCY_KEY_JMESPATH="orderId", IDEMPOTENCY_LOG_LEVEL="ERROR")
+    with caplog.at_level("DEBUG"):
+        interceptor.handler({"n": 1}, Context())
+    assert "selected nothing" not in caplog.text
+    assert load.runs() == 1

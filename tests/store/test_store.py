@@ -130,3 +130,18 @@ def test_sort_key_layout(transport, sort_key_table, ddb_client):
     assert item["owner"] == {"S": "a"}
     assert store.complete(KEY, "a", codec.encode(0), int(time.time()) + 60)
     assert codec.decode(store.get(KEY).result) == 0
+
+
+def test_custom_attribute_names(transport, ddb_client, request):
+    from tests.support.dynamodb_local import create_table
+
+    name = create_table(ddb_client, f"attrs-{abs(hash(request.node.nodeid))}", key_attr="pk", ttl_attr="ttl")
+    attributes = Attributes(key="pk", status="st", expires_at="ttl", in_progress_until="until", owner="who",
+                            result="res", result_format="fmt")
+    store = DynamoDBStore(transport, name, attributes)
+    assert store.claim(KEY, "me", time.time(), int(time.time() * 1000) + 5000, int(time.time()) + 60) is None
+    assert store.complete(KEY, "me", codec.encode({"v": 1}), int(time.time()) + 60)
+    item = ddb_client.get_item(TableName=name, Key={"pk": {"S": KEY}}, ConsistentRead=True)["Item"]
+    assert set(item) == {"pk", "st", "ttl", "until", "who", "res", "fmt"}
+    assert codec.decode(store.get(KEY).result) == {"v": 1}
+    ddb_client.delete_table(TableName=name)
