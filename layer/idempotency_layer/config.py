@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import IdempotencyConfigurationError
 
@@ -72,34 +73,28 @@ def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     )
 
 
-def _int(env: Mapping[str, str], name: str, default: int, minimum: int, maximum: int) -> int:
+def _number(env: Mapping[str, str], name: str, default: float, minimum: float, maximum: float, kind: type) -> Any:
     value = _text(env, name)
     if value is None:
         return default
     try:
-        number = int(value)
+        number = kind(value)
     except ValueError:
         number = None
     if number is None or not minimum <= number <= maximum:
+        what = "a whole number" if kind is int else "seconds"
         raise IdempotencyConfigurationError(
-            f"{name}={value!r} is not accepted; expected a whole number from {minimum} to {maximum}"
+            f"{name}={value!r} is not accepted; expected {what} from {minimum} to {maximum}"
         )
     return number
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int, maximum: int) -> int:
+    return _number(env, name, default, minimum, maximum, int)
 
 
 def _float(env: Mapping[str, str], name: str, default: float, minimum: float, maximum: float) -> float:
-    value = _text(env, name)
-    if value is None:
-        return default
-    try:
-        number = float(value)
-    except ValueError:
-        number = None
-    if number is None or not minimum <= number <= maximum:
-        raise IdempotencyConfigurationError(
-            f"{name}={value!r} is not accepted; expected seconds from {minimum} to {maximum}"
-        )
-    return number
+    return _number(env, name, default, minimum, maximum, float)
 
 
 def _choice(env: Mapping[str, str], name: str, default: str, accepted: tuple[str, ...]) -> str:
