@@ -133,7 +133,8 @@ class Cycle:
         if result.format == codec.TOO_LARGE:
             raise IdempotencyResultTooLargeError(
                 f"key {record.key!r} already ran, but its result was too large to store "
-                f"(over {codec.ITEM_LIMIT - codec.RECORD_OVERHEAD} bytes compressed), so it cannot be replayed"
+                f"(over {codec.ITEM_LIMIT - codec.RECORD_OVERHEAD} bytes compressed) or held text that cannot be "
+                "encoded, so it cannot be replayed"
             )
         value = codec.decode(result)
         if self.cache is not None:
