@@ -417,7 +417,7 @@ class LeanTransport:
             self._http = _PoolHTTP(endpoint, timeout, verify, socket_options)
 
     def call(self, operation: str, params: dict) -> dict:
-        body = orjson.dumps(params, default=_encode_default)
+        body = encode_body(params)
         retry = self.retry
         request_context: dict = {}
         attempt = 1
