@@ -18,9 +18,13 @@ import orjson
 
 JSON = "json"
 TAGGED = "tagged"
+RESPONSE = "response"  # the exact JSON text the runtime sent for the first run
+BYTES = "bytes"  # the exact bytes the runtime sent (a handler that returned bytes)
 COMPRESSED = "+z"
 TOO_LARGE = "too_large"
-FORMATS = frozenset({JSON, TAGGED, JSON + COMPRESSED, TAGGED + COMPRESSED, TOO_LARGE})
+FORMATS = frozenset(
+    {f + z for f in (JSON, TAGGED, RESPONSE, BYTES) for z in ("", COMPRESSED)} | {TOO_LARGE}
+)
 
 ITEM_LIMIT = 400 * 1024  # DynamoDB's item size limit, names and values together
 RECORD_OVERHEAD = 1024  # room kept for the key and the other attributes of the record
@@ -48,7 +52,9 @@ def _refuse(value: Any) -> Any:
 def _key(key: Any) -> str:
     # The runtime's JSON encoder turns these keys into strings the same way.
     if isinstance(key, str):
-        return key
+        return str.__str__(key)  # a str-based Enum key is its text
+    if isinstance(key, bytes):
+        return key.decode("utf-8")
     if key is True:
         return "true"
     if key is False:
@@ -59,7 +65,7 @@ def _key(key: Any) -> str:
         return str(int(key))
     if isinstance(key, float):
         return repr(float(key))
-    raise ResultNotEncodable(f"dict key {key!r} of type {type(key).__name__} is not a JSON key")
+    raise ResultNotEncodable(f"a dict key of type {type(key).__name__} is not a JSON key")
 
 
 def _tag(value: Any) -> Any:
@@ -77,8 +83,8 @@ def _tag(value: Any) -> Any:
     if isinstance(value, dict):
         tagged = {_key(k): _tag(v) for k, v in value.items()}
         return {_OBJECT: tagged} if len(tagged) == 1 and next(iter(tagged)) in _TAGS else tagged
-    if isinstance(value, tuple) and hasattr(value, "_asdict"):
-        return _tag(value._asdict())  # the runtime marshals named tuples as objects
+    if callable(getattr(value, "_asdict", None)):
+        return _tag(value._asdict())  # the runtime marshals named tuples, and anything with _asdict, as objects
     if isinstance(value, (list, tuple)):
         return [_tag(item) for item in value]
     if isinstance(value, Decimal):
@@ -131,13 +137,17 @@ def to_json(value: Any) -> tuple[str, bytes]:
         pass
     try:
         return TAGGED, orjson.dumps(_tag(value))
-    except orjson.JSONEncodeError as error:  # e.g. a str holding a lone surrogate: not UTF-8
-        raise ResultNotEncodable(f"the result cannot be stored: {error}") from error
+    except (orjson.JSONEncodeError, RecursionError) as error:  # a lone surrogate (not UTF-8), deep nesting
+        raise ResultNotEncodable(f"the result cannot be stored: {type(error).__name__}") from None
 
 
-def encode(value: Any, budget: int = ITEM_LIMIT - RECORD_OVERHEAD) -> Encoded:
-    """Encode a result to fit in `budget` bytes, compressing when that saves space, or mark it too large."""
-    form, text = to_json(value)
+def is_binary(form: str) -> bool:
+    """Whether a format's data is bytes (stored as B) rather than UTF-8 text (stored as S)."""
+    return form.endswith(COMPRESSED) or form == BYTES
+
+
+def pack(form: str, text: bytes, budget: int = ITEM_LIMIT - RECORD_OVERHEAD) -> Encoded:
+    """Fit `text` in `budget` bytes, compressing when that saves space, or mark it too large."""
     if len(text) <= COMPRESS_ABOVE:
         return Encoded(form, text)
     packed = zlib.compress(text, 1)
@@ -150,11 +160,30 @@ def encode(value: Any, budget: int = ITEM_LIMIT - RECORD_OVERHEAD) -> Encoded:
     return Encoded(TOO_LARGE, None)
 
 
-def decode(encoded: Encoded) -> Any:
+def encode(value: Any, budget: int = ITEM_LIMIT - RECORD_OVERHEAD) -> Encoded:
+    """Encode a result to fit in `budget` bytes, compressing when that saves space, or mark it too large."""
+    form, text = to_json(value)
+    return pack(form, text, budget)
+
+
+def unpack(encoded: Encoded) -> tuple[str, bytes]:
+    """The format without compression, and the data as it was before `pack`."""
     form, data = encoded
     if form == TOO_LARGE or data is None:
         raise ValueError("a result marked too large has no data to decode")
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogatepass")
     if form.endswith(COMPRESSED):
-        form, data = form[: -len(COMPRESSED)], zlib.decompress(data if isinstance(data, bytes) else data.encode())
+        return form[: -len(COMPRESSED)], zlib.decompress(data)
+    return form, data
+
+
+def decode(encoded: Encoded) -> Any:
+    """The value an `encode`d result stood for (the runtime's formats give its text or bytes back)."""
+    form, data = unpack(encoded)
+    if form == BYTES:
+        return data
+    if form == RESPONSE:
+        return data.decode("utf-8")
     value = orjson.loads(data)
     return value if form == JSON else _untag(value)

@@ -12,7 +12,7 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from . import codec
 from .errors import (
@@ -29,12 +29,32 @@ logger = logging.getLogger("idempotency_layer")
 
 
 class Undeliverable(Exception):
-    """Raised by a `deliver` function: the result cannot be handed back at all, so it must not be stored."""
+    """Raised by `Results.encode`: the result cannot be handed back at all, so it must not be stored."""
 
 
 class Outcome(NamedTuple):
     value: Any
     replayed: bool
+
+
+class Results(Protocol):
+    """How a result is stored and handed back; both paths must hand back the same kind of value."""
+
+    def encode(self, value: Any) -> tuple[Any, codec.Encoded]:
+        """What to hand back for a fresh result, and what to store; raises `Undeliverable`."""
+
+    def decode(self, encoded: codec.Encoded) -> Any:
+        """What to hand back for a stored result."""
+
+
+class ValueResults:
+    """Outside a runtime: the value itself first, an equal value on replay."""
+
+    def encode(self, value: Any) -> tuple[Any, codec.Encoded]:
+        return value, codec.encode(value)
+
+    def decode(self, encoded: codec.Encoded) -> Any:
+        return codec.decode(encoded)
 
 
 class LocalCache:
@@ -73,34 +93,29 @@ class Cycle:
         ttl_seconds: int,
         cache_size: int = 0,
         clock: Callable[[], float] = time.time,
+        results: Results | None = None,
     ) -> None:
         self.store = store
+        self.results: Results = results or ValueResults()
         self.ttl_seconds = ttl_seconds
         self.cache = LocalCache(cache_size) if cache_size > 0 else None
         self.clock = clock
 
-    def run(
-        self,
-        key: str,
-        invoke: Callable[[], Any],
-        remaining_ms: int,
-        deliver: Callable[[Any], Any] | None = None,
-    ) -> Outcome:
+    def run(self, key: str, invoke: Callable[[], Any], remaining_ms: int) -> Outcome:
         """Run `invoke` once for `key`, or replay the result of the run that did.
 
-        `remaining_ms` is how long this invocation may still take: the claim lasts that long.
-        `deliver` turns a fresh result into what is handed back (e.g. already marshalled), or raises
-        `Undeliverable`: such a result is not stored, and the claim is released.
+        `remaining_ms` is how long this invocation may still take: the claim lasts that long. A result that
+        `results.encode` finds undeliverable is not stored, and the claim is released.
         """
         if self.cache is not None:
             cached = self.cache.get(key, self.clock())
             if cached is not None:
-                return Outcome(codec.decode(cached), True)
+                return Outcome(self._decode(key, cached), True)
         owner = os.urandom(16).hex()
         record = self._claim(key, owner, remaining_ms)
         if record is not None:
             return self._replay(record)
-        return Outcome(self._invoke(key, owner, invoke, deliver), False)
+        return Outcome(self._invoke(key, owner, invoke), False)
 
     def _claim(self, key: str, owner: str, remaining_ms: int) -> Record | None:
         for _ in range(MAX_CLAIM_ATTEMPTS):
@@ -126,39 +141,45 @@ class Cycle:
             "the client clock and the table disagree"
         )
 
+    def _decode(self, key: str, result: codec.Encoded) -> Any:
+        if result.format == codec.TOO_LARGE:
+            raise IdempotencyResultTooLargeError(
+                f"key {key!r} already ran, but its result was too large to store "
+                f"(over {codec.ITEM_LIMIT - codec.RECORD_OVERHEAD} bytes compressed) or could not be encoded, "
+                "so it cannot be replayed"
+            )
+        try:
+            return self.results.decode(result)
+        except Exception as error:
+            raise IdempotencyPersistenceLayerError(
+                f"the stored result of key {key!r} (format {result.format!r}) cannot be decoded: "
+                f"{type(error).__name__}"
+            ) from None
+
     def _replay(self, record: Record) -> Outcome:
         result = record.result
         if result is None:
             raise IdempotencyPersistenceLayerError(f"record {record.key!r} is completed but has no result format")
-        if result.format == codec.TOO_LARGE:
-            raise IdempotencyResultTooLargeError(
-                f"key {record.key!r} already ran, but its result was too large to store "
-                f"(over {codec.ITEM_LIMIT - codec.RECORD_OVERHEAD} bytes compressed) or held text that cannot be "
-                "encoded, so it cannot be replayed"
-            )
-        value = codec.decode(result)
+        value = self._decode(record.key, result)
         if self.cache is not None:
             self.cache.put(record.key, record.expires_at, result)
         return Outcome(value, True)
 
-    def _invoke(self, key: str, owner: str, invoke: Callable[[], Any], deliver: Callable[[Any], Any] | None) -> Any:
+    def _invoke(self, key: str, owner: str, invoke: Callable[[], Any]) -> Any:
         try:
             value = invoke()
         except BaseException:
             self._release(key, owner)
             raise
-        delivered = value
-        if deliver is not None:
-            try:
-                delivered = deliver(value)
-            except Undeliverable:
-                self._release(key, owner)
-                return value
+        # From here on the handler has run: every failure of ours ends in a completion, never a bare claim.
         try:
-            result = codec.encode(value)
-        except codec.ResultNotEncodable:
-            logger.error("result of key %r cannot be stored; replays will fail", key, exc_info=True)
-            result = codec.Encoded(codec.TOO_LARGE, None)
+            delivered, result = self.results.encode(value)
+        except Undeliverable:
+            self._release(key, owner)  # the runtime reports its own error for it, as it would without us
+            return value
+        except BaseException as error:  # our own failure (a bug, MemoryError, RecursionError): do not rerun
+            logger.error("result of key %r cannot be stored (%s); replays will raise", key, type(error).__name__)
+            delivered, result = value, codec.Encoded(codec.TOO_LARGE, None)
         if result.format == codec.TOO_LARGE:
             logger.warning("result of key %r is too large to store; replays will raise", key)
         expires_at = int(self.clock()) + self.ttl_seconds
@@ -167,6 +188,14 @@ class Cycle:
         except IdempotencyPersistenceLayerError:
             # The handler ran: failing now would make the caller retry into a second run.
             logger.error("completing key %r failed; returning the result anyway", key, exc_info=True)
+            return delivered
+        except BaseException as error:  # not the store's word (a bug, MemoryError): complete without the result
+            logger.error("completing key %r failed (%s); completing it without its result", key, type(error).__name__)
+            try:
+                self.store.complete(key, owner, codec.Encoded(codec.TOO_LARGE, None), expires_at)
+            except BaseException:
+                logger.error("completing key %r without its result failed too; it stays claimed until its deadline",
+                             key)
             return delivered
         if not completed:
             logger.error("claim on key %r expired and was taken over before completion; returning our result", key)

@@ -42,35 +42,65 @@ def _get_handler(name: str) -> Any:
         raise ImportError(f"Handler '{function_name}' missing on module '{module_name}'") from None
 
 
-def _delivery() -> Any:
-    """How a fresh result is handed to the runtime, or None outside a runtime (nobody marshals it then).
+def _results() -> Any:
+    """How results are stored and handed back, or None outside a runtime (nobody marshals them there).
 
     The runtime marshals what the handler returns after we return. We marshal it first, with the runtime's
-    own marshaller: a result it cannot marshal must not be stored. The text is then handed back wrapped so
-    the runtime's encoder emits it as it is, and the result is encoded once, not twice.
+    own marshaller: a result it cannot marshal must not be stored. What we store is the text the runtime will
+    send, and both the first run and every replay hand back that text wrapped so the runtime's encoder emits it
+    as it is: the replay's bytes are the first response's bytes, and a wrapper chained in front of us sees the
+    same kind of value on both paths.
     """
     marshaller = _runtime_module(
         "LambdaMarshaller", "awslambdaric.lambda_runtime_marshaller", "lambda_runtime_marshaller"
     )
     if marshaller is None:
         return None
+    from . import codec
+    from .cycle import Undeliverable, ValueResults
+
     marshal = marshaller().marshal_response
     raw = getattr(getattr(sys.modules.get(marshaller.__module__), "json", None), "RawJSON", None)
     probe = '{"probe":[1,"\u00e9"]}'
     try:
         if raw is None or marshal(raw(probe))[0] != probe:
-            raw = None  # a marshaller that does not pass raw JSON through: hand back the value itself
+            raw = None
     except Exception:
         raw = None
 
-    def deliver(value: Any) -> Any:
-        try:
-            text, _content_type = marshal(value)
-        except Exception:
-            raise Undeliverable from None
-        return value if raw is None or isinstance(value, bytes) else raw(text)
+    if raw is None:
+        # A marshaller that does not pass raw JSON through: check the value, then store and replay the value.
+        class CheckedValueResults(ValueResults):
+            def encode(self, value: Any) -> tuple[Any, codec.Encoded]:
+                try:
+                    marshal(value)
+                except Exception:
+                    raise Undeliverable from None
+                return super().encode(value)
 
-    return deliver
+        return CheckedValueResults()
+
+    class RuntimeResults:
+        def encode(self, value: Any) -> tuple[Any, codec.Encoded]:
+            try:
+                text, _content_type = marshal(value)
+                data = text if isinstance(text, bytes) else text.encode("utf-8")  # as the runtime sends it
+            except Exception:
+                raise Undeliverable from None
+            if isinstance(text, bytes):
+                return text, codec.pack(codec.BYTES, data)
+            return raw(text), codec.pack(codec.RESPONSE, data)
+
+        def decode(self, encoded: codec.Encoded) -> Any:
+            form, data = codec.unpack(encoded)
+            if form == codec.BYTES:
+                return data
+            if form == codec.RESPONSE:
+                return raw(data.decode("utf-8"))
+            value = codec.decode(encoded)  # a record of an earlier version, which stored the value
+            return value if isinstance(value, bytes) else raw(marshal(value)[0])
+
+    return RuntimeResults()
 
 
 def _without_layer_frames(tb: Any) -> Any:
@@ -88,7 +118,7 @@ if CONFIG.disabled:
     # Pass-through: the runtime calls the user's function itself, at no cost per invocation.
     handler = user_handler
 else:
-    from .cycle import Cycle, Undeliverable
+    from .cycle import Cycle
     from .keys import KeyDeriver
     from .store import DynamoDBStore
     from .transport import make_transport
@@ -106,12 +136,9 @@ else:
             f"the DynamoDB client (IDEMPOTENCY_TRANSPORT={CONFIG.transport}) could not be set up: "
             f"{type(error).__name__}: {error}; check AWS_REGION, the credentials and AWS_ENDPOINT_URL_DYNAMODB"
         ) from error
-    _cycle = Cycle(
-        DynamoDBStore(_transport, CONFIG.table, CONFIG.attributes, CONFIG.partition_value),
-        CONFIG.ttl_seconds,
-        CONFIG.local_cache_size,
-    )
-    _deliver = _delivery()
+    _store = DynamoDBStore(_transport, CONFIG.table, CONFIG.attributes, CONFIG.partition_value)
+    _store.verify()  # a table whose key schema does not match the settings fails init, before any handler runs
+    _cycle = Cycle(_store, CONFIG.ttl_seconds, CONFIG.local_cache_size, results=_results())
 
     def handler(event: Any, context: Any) -> Any:  # type: ignore[misc]
         key = _keys.key(event)  # before the handler runs: a handler that mutates its event cannot move it
@@ -129,7 +156,7 @@ else:
         remaining = getattr(context, "get_remaining_time_in_millis", None)
         remaining_ms = remaining() if remaining is not None else _LONGEST_INVOCATION_MS
         try:
-            return _cycle.run(key, partial(user_handler, event, context), remaining_ms, _deliver).value
+            return _cycle.run(key, partial(user_handler, event, context), remaining_ms).value
         except BaseException as error:
             # The runtime reports the traceback: drop the cycle's frames (this one frame stays, as in any re-raise).
             # A bare re-raise, not `from`: the user's __cause__ and __context__ stay as they were.

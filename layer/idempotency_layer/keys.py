@@ -7,9 +7,12 @@ form is orjson with sorted keys and no whitespace, and the digest is SHA-256.
 from __future__ import annotations
 
 import base64
+import binascii
 import gzip
 import hashlib
 import json
+import math
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -20,14 +23,47 @@ from .errors import IdempotencyConfigurationError, IdempotencyKeyError
 _CANONICAL = orjson.OPT_SORT_KEYS
 
 
+def _has_non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_has_non_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_non_finite(v) for v in value)
+    return False
+
+
 def canonical_json(value: Any) -> bytes:
-    """Sorted keys, no whitespace: equal values give equal bytes."""
+    """Sorted keys, no whitespace: equal values give equal bytes, and values json tells apart differ."""
     try:
-        return orjson.dumps(value, option=_CANONICAL)
+        text = orjson.dumps(value, option=_CANONICAL)
+        # orjson writes NaN and the infinities as null: only a text with a null can hide one.
+        if b"null" not in text or not _has_non_finite(value):
+            return text
     except orjson.JSONEncodeError:
-        # JSON integers beyond 64 bits (the runtime parses them to int) are beyond orjson: same form, by json.
-        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-        return text.encode("utf-8", "surrogatepass")
+        pass  # integers beyond 64 bits, lone surrogates, nesting beyond orjson's depth
+    # The same form by json, which writes NaN/Infinity as such, big integers exactly, and surrogates escaped.
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=True).encode(
+        "utf-8", "surrogatepass"
+    )
+
+
+def _describe(error: Exception) -> str:
+    """What went wrong, without the event's content (some messages quote the value they failed on)."""
+    if isinstance(error, json.JSONDecodeError):
+        return f"not JSON ({error.msg} at position {error.pos})"
+    if isinstance(error, UnicodeDecodeError):
+        return f"not {error.encoding} text (at byte {error.start})"
+    if isinstance(error, binascii.Error):
+        return "not base64"
+    if isinstance(error, (OSError, EOFError, zlib.error)):
+        return "not gzip data"
+    actual = getattr(error, "actual_type", None)
+    if actual is not None:
+        return f"{getattr(error, 'function_name', 'a function')}() was given a {actual}"
+    if isinstance(error, RecursionError):
+        return "the event is nested too deeply"
+    return type(error).__name__
 
 
 def digest(value: Any) -> str:
@@ -43,6 +79,31 @@ def is_empty(value: Any) -> bool:
     return isinstance(value, list) and all(item is None for item in value)
 
 
+def _check_functions(expression: str, node: Any, known: dict[str, Any]) -> None:
+    """JMESPath looks functions up only when it calls them: an unknown name or a wrong arity fails here, at init."""
+    if isinstance(node, dict):
+        if node.get("type") == "function_expression":
+            name, given = node.get("value"), len(node.get("children", []))
+            spec = known.get(name)
+            if spec is None:
+                raise IdempotencyConfigurationError(
+                    f"IDEMPOTENCY_KEY_JMESPATH={expression!r} calls unknown function {name}(); known: "
+                    + ", ".join(sorted(known))
+                )
+            signature = spec["signature"]
+            variadic = bool(signature) and signature[-1].get("variadic")
+            if given < len(signature) - (1 if variadic else 0) or (not variadic and given != len(signature)):
+                raise IdempotencyConfigurationError(
+                    f"IDEMPOTENCY_KEY_JMESPATH={expression!r} calls {name}() with {given} argument(s); "
+                    f"it takes {len(signature)}{' or more' if variadic else ''}"
+                )
+        for child in node.get("children", []):
+            _check_functions(expression, child, known)
+    elif isinstance(node, list):
+        for child in node:
+            _check_functions(expression, child, known)
+
+
 def _compile(expression: str) -> Callable[[Any], Any]:
     # jmespath ships with botocore in every Lambda Python runtime; it is only imported when configured.
     import jmespath
@@ -52,7 +113,8 @@ def _compile(expression: str) -> Callable[[Any], Any]:
         # A missing field (null) selects nothing, so an event without a body is one without a key.
         @functions.signature({"types": ["string", "null"]})
         def _func_json_parse(self, value: str | None) -> Any:
-            return None if value is None else orjson.loads(value)
+            # json, not orjson: orjson turns integers beyond 64 bits into floats, so two orders would share a key.
+            return None if value is None else json.loads(value)
 
         @functions.signature({"types": ["string", "null"]})
         def _func_base64_decode(self, value: str | None) -> str | None:
@@ -73,15 +135,16 @@ def _compile(expression: str) -> Callable[[Any], Any]:
         raise IdempotencyConfigurationError(
             f"IDEMPOTENCY_KEY_JMESPATH={expression!r} is not a valid JMESPath expression: {error}"
         ) from None
-    options = jmespath.Options(custom_functions=_Functions())
+    registry = _Functions()
+    _check_functions(expression, parsed.parsed, registry.FUNCTION_TABLE)
+    options = jmespath.Options(custom_functions=registry)
 
     def select(event: Any) -> Any:
         try:
             return parsed.search(event, options=options)
-        except (jmespath.exceptions.JMESPathError, ValueError, TypeError, UnicodeDecodeError) as error:
+        except Exception as error:  # every failure to apply it is the event's, and is named the same way
             raise IdempotencyKeyError(
-                f"IDEMPOTENCY_KEY_JMESPATH={expression!r} could not be applied to the event: "
-                f"{type(error).__name__}: {error}"
+                f"IDEMPOTENCY_KEY_JMESPATH={expression!r} could not be applied to the event: {_describe(error)}"
             ) from None
 
     return select
@@ -104,7 +167,8 @@ class KeyDeriver:
             return None
         try:
             return f"{self.prefix}#{digest(value)}"
-        except TypeError as error:
+        except Exception as error:
             raise IdempotencyKeyError(
-                f"the value selected by IDEMPOTENCY_KEY_JMESPATH={self.expression!r} cannot be hashed: {error}"
+                f"the value selected by IDEMPOTENCY_KEY_JMESPATH={self.expression or '@'!r} cannot be hashed: "
+                f"{_describe(error)}"
             ) from None

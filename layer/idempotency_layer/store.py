@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from . import codec
 from .config import Attributes
-from .errors import IdempotencyPersistenceLayerError
+from .errors import IdempotencyConfigurationError, IdempotencyPersistenceLayerError
 from .transport import DynamoDBError, Transport
 
 INPROGRESS = "INPROGRESS"
@@ -73,6 +73,43 @@ class DynamoDBStore:
         self._claim_names = {"#k": a.key, "#s": a.status, "#e": a.expires_at, "#u": a.in_progress_until}
         self._owner_names = {"#o": a.owner}
         self._claim_condition = "attribute_not_exists(#k) OR #e < :now OR (#s = :inprogress AND #u < :now_ms)"
+        self._unverified = False  # set when verify() could not reach the table: the first claim checks first
+
+    # -- the table ---------------------------------------------------------------------------------------
+
+    def verify(self) -> None:
+        """Check that the table exists and has the key schema the settings describe, with one GetItem.
+
+        A sort key set on a table without one would otherwise be just another attribute: every key would land
+        on one item. A definite answer raises `IdempotencyConfigurationError`; a table that cannot be reached
+        now is checked again before the first claim.
+        """
+        a = self.attr
+        try:
+            self.transport.call(
+                "GetItem", {"TableName": self.table, "Key": self._item_key("idempotency-layer#schema-check")}
+            )
+        except DynamoDBError as error:
+            if error.code == "ValidationException":
+                sort = f"IDEMPOTENCY_SORT_KEY_ATTR={a.sort_key!r}" if a.sort_key else "IDEMPOTENCY_SORT_KEY_ATTR unset"
+                raise IdempotencyConfigurationError(
+                    f"table {self.table!r} does not have the key these settings describe (IDEMPOTENCY_KEY_ATTR="
+                    f"{a.key!r} as a string partition key, {sort}): {error.code}"
+                ) from None
+            if error.code == "ResourceNotFoundException":
+                raise IdempotencyConfigurationError(
+                    f"IDEMPOTENCY_TABLE={self.table!r}: no such table in this account and region"
+                ) from None
+            if error.code in ("AccessDeniedException", "UnrecognizedClientException"):
+                raise IdempotencyConfigurationError(
+                    f"IDEMPOTENCY_TABLE={self.table!r}: the function's role may not read the table ({error.code}); "
+                    "it needs dynamodb:PutItem, GetItem, UpdateItem and DeleteItem on it"
+                ) from None
+            self._unverified = True
+        except Exception:
+            self._unverified = True
+        else:
+            self._unverified = False
 
     # -- request plumbing -------------------------------------------------------------------------------
 
@@ -126,6 +163,12 @@ class DynamoDBStore:
     # -- the protocol -----------------------------------------------------------------------------------
 
     def claim(self, key: str, owner: str, now: float, in_progress_until: int, expires_at: int) -> Record | None:
+        if self._unverified:
+            self.verify()
+            if self._unverified:
+                raise IdempotencyPersistenceLayerError(
+                    f"table {self.table!r} could not be reached to check its key schema; the handler did not run"
+                )
         a = self.attr
         item = self._item_key(key)
         item[a.status] = {"S": INPROGRESS}
@@ -173,7 +216,7 @@ class DynamoDBStore:
         else:
             update = "SET #s = :completed, #e = :exp, #f = :fmt, #r = :result"
             data = result.data
-            if result.format.endswith(codec.COMPRESSED):
+            if codec.is_binary(result.format):
                 values[":result"] = {"B": data if isinstance(data, bytes) else data.encode()}
             else:
                 values[":result"] = {"S": data if isinstance(data, str) else data.decode()}

@@ -5,6 +5,7 @@ counted on the wire by a proxy in front of DynamoDB Local.
 """
 
 import base64
+import json
 import os
 import time
 from decimal import Decimal
@@ -12,7 +13,7 @@ from decimal import Decimal
 import pytest
 
 from idempotency_layer import codec
-from idempotency_layer.cycle import Cycle, Undeliverable
+from idempotency_layer.cycle import Cycle, Undeliverable, ValueResults
 from idempotency_layer.errors import (
     IdempotencyAlreadyInProgressError,
     IdempotencyClaimConflictError,
@@ -115,13 +116,15 @@ def test_claim_lasts_the_remaining_time_and_zero_is_real(store):
     assert record.owner == "other" and record.status != COMPLETED  # our completion did not overwrite theirs
 
 
-def test_refused_result_is_released_not_stored(store):
-    cycle = Cycle(store, ttl_seconds=3600)
-    handler = Handler({"when": object()})
-    def refuse(value):
+class Refusing(ValueResults):
+    def encode(self, value):
         raise Undeliverable
 
-    outcome = cycle.run(KEY, handler, LONG, deliver=refuse)
+
+def test_refused_result_is_released_not_stored(store):
+    cycle = Cycle(store, ttl_seconds=3600, results=Refusing())
+    handler = Handler({"when": object()})
+    outcome = cycle.run(KEY, handler, LONG)
     assert outcome.value is handler.result
     assert store.get(KEY) is None
 
@@ -200,11 +203,25 @@ def test_clock_skew_is_retried_a_bounded_number_of_times(store):
     assert len(readings) == 6
 
 
-def test_delivered_form_is_returned_and_the_value_is_stored(store):
-    cycle = Cycle(store, ttl_seconds=3600)
-    outcome = cycle.run(KEY, Handler({"v": 1}), LONG, deliver=lambda value: ("marshalled", value))
-    assert outcome.value == ("marshalled", {"v": 1})
-    assert cycle.run(KEY, Handler(), LONG).value == {"v": 1}
+class Marshalling:
+    """Stores the text and hands back ("text", ...) on both paths, as the runtime's results do."""
+
+    def encode(self, value):
+        text = json.dumps(value).encode()
+        return ("text", text), codec.pack(codec.RESPONSE, text)
+
+    def decode(self, encoded):
+        return ("text", codec.unpack(encoded)[1])
+
+
+def test_handed_back_form_is_the_same_on_both_paths(store):
+    cycle = Cycle(store, ttl_seconds=3600, results=Marshalling())
+    first = cycle.run(KEY, Handler({"v": 1}), LONG)
+    handler = Handler()
+    again = cycle.run(KEY, handler, LONG)
+    assert first.value == again.value == ("text", b'{"v": 1}')
+    assert (first.replayed, again.replayed) == (False, True)
+    assert handler.calls == []
 
 
 def test_local_cache_replays_without_requests_and_never_outlives_the_record(store, proxy):
