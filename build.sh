@@ -165,7 +165,16 @@ cmd_test() {
   log "fetching DynamoDB Local, the Runtime Interface Emulator and runtimes"
   "$VENV/bin/python" -m tests.support.downloads
   log "pytest"
-  exec "$VENV/bin/python" -m pytest "$@"
+  in_run_tmpdir "$VENV/bin/python" -m pytest "$@"
+}
+
+# Run a command with TMPDIR (pytest's, the runtimes', ours) in a folder of its own, removed afterwards.
+in_run_tmpdir() { # COMMAND...
+  local dir rc=0
+  dir=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-layer-run.XXXXXX")
+  TMPDIR=$dir "$@" || rc=$?
+  rm -rf "$dir"
+  return "$rc"
 }
 
 cmd_demo() {
@@ -173,7 +182,7 @@ cmd_demo() {
   ensure_venv test
   cmd_build
   [[ -f tests/support/downloads.py ]] && "$VENV/bin/python" -m tests.support.downloads
-  exec "$VENV/bin/python" examples/demo.py "$@"
+  in_run_tmpdir "$VENV/bin/python" examples/demo.py "$@"
 }
 
 cmd_bench() {

@@ -7,6 +7,7 @@ value and what is accepted, so the function fails init instead of misbehaving on
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,20 @@ _TRUE = frozenset({"true", "1", "yes"})
 _FALSE = frozenset({"false", "0", "no"})
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _TRANSPORTS = ("lean", "boto3")
+_TABLE_NAME = re.compile(r"[A-Za-z0-9_.-]{3,255}")
+_TABLE_ARN = re.compile(r"arn:aws[a-z-]*:dynamodb:[a-z0-9-]+:[0-9]{12}:table/[A-Za-z0-9_.-]{3,255}")
+_DIGEST_CHARS = 1 + 64  # "#" and the sha256 hex digest after the prefix
+_PARTITION_KEY_BYTES, _SORT_KEY_BYTES = 2048, 1024  # DynamoDB's limits on key values
+_ATTR_VARIABLES = {
+    "key": "IDEMPOTENCY_KEY_ATTR",
+    "sort_key": "IDEMPOTENCY_SORT_KEY_ATTR",
+    "status": "IDEMPOTENCY_STATUS_ATTR",
+    "expires_at": "IDEMPOTENCY_EXPIRES_AT_ATTR",
+    "in_progress_until": "IDEMPOTENCY_IN_PROGRESS_UNTIL_ATTR",
+    "owner": "IDEMPOTENCY_OWNER_ATTR",
+    "result": "IDEMPOTENCY_RESULT_ATTR",
+    "result_format": "IDEMPOTENCY_RESULT_FORMAT_ATTR",
+}
 
 
 @dataclass(frozen=True)
@@ -106,10 +121,9 @@ def _choice(env: Mapping[str, str], name: str, default: str, accepted: tuple[str
     raise IdempotencyConfigurationError(f"{name}={value!r} is not accepted; expected one of {', '.join(accepted)}")
 
 
-def _attribute(env: Mapping[str, str], name: str, default: str) -> str:
+def _attribute(env: Mapping[str, str], name: str, default: str | None) -> str | None:
     value = _text(env, name, default)
-    assert value is not None
-    if len(value.encode()) > 255:
+    if value is not None and len(value.encode()) > 255:
         raise IdempotencyConfigurationError(f"{name}={value!r} is not accepted; attribute names are 1 to 255 bytes")
     return value
 
@@ -132,6 +146,11 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         raise IdempotencyConfigurationError(
             "IDEMPOTENCY_TABLE is not set; expected the name or ARN of the DynamoDB table holding the records"
         )
+    if table and not (_TABLE_NAME.fullmatch(table) or _TABLE_ARN.fullmatch(table)):
+        raise IdempotencyConfigurationError(
+            f"IDEMPOTENCY_TABLE={table!r} is not a table name (3 to 255 of A-Z a-z 0-9 _ . -) "
+            "nor a table ARN (arn:aws:dynamodb:<region>:<account>:table/<name>)"
+        )
 
     prefix = _text(env, "IDEMPOTENCY_KEY_PREFIX") or _text(env, "AWS_LAMBDA_FUNCTION_NAME")
     if not disabled and not prefix:
@@ -144,25 +163,44 @@ def load(env: Mapping[str, str] | None = None) -> Config:
     if key_jmespath == "@":
         key_jmespath = None
 
+    defaults = Attributes()
     attributes = Attributes(
-        key=_attribute(env, "IDEMPOTENCY_KEY_ATTR", "id"),
-        sort_key=_text(env, "IDEMPOTENCY_SORT_KEY_ATTR"),
-        status=_attribute(env, "IDEMPOTENCY_STATUS_ATTR", "status"),
-        expires_at=_attribute(env, "IDEMPOTENCY_EXPIRES_AT_ATTR", "expires_at"),
-        in_progress_until=_attribute(env, "IDEMPOTENCY_IN_PROGRESS_UNTIL_ATTR", "in_progress_until"),
-        owner=_attribute(env, "IDEMPOTENCY_OWNER_ATTR", "owner"),
-        result=_attribute(env, "IDEMPOTENCY_RESULT_ATTR", "result"),
-        result_format=_attribute(env, "IDEMPOTENCY_RESULT_FORMAT_ATTR", "result_format"),
+        **{field: _attribute(env, variable, getattr(defaults, field)) for field, variable in _ATTR_VARIABLES.items()}
     )
-    names = [v for v in vars(attributes).values() if v is not None]
-    if len(set(names)) != len(names):
-        raise IdempotencyConfigurationError(
-            "IDEMPOTENCY_*_ATTR settings name the same attribute twice: " + ", ".join(sorted(names))
-        )
+    seen: dict[str, str] = {}
+    for field, variable in _ATTR_VARIABLES.items():
+        value = getattr(attributes, field)
+        if value is None:
+            continue
+        if value in seen:
+            raise IdempotencyConfigurationError(
+                f"{seen[value]} and {variable} name the same attribute {value!r} (set or by default); "
+                "each record attribute needs a name of its own"
+            )
+        seen[value] = variable
 
     partition_value = None
+    key_limit = _PARTITION_KEY_BYTES
     if attributes.sort_key is not None:
         partition_value = _text(env, "IDEMPOTENCY_PARTITION_VALUE", f"idempotency#{prefix}")
+        assert partition_value is not None
+        if len(partition_value.encode()) > _PARTITION_KEY_BYTES:
+            raise IdempotencyConfigurationError(
+                f"IDEMPOTENCY_PARTITION_VALUE is {len(partition_value.encode())} bytes; a partition key value "
+                f"is at most {_PARTITION_KEY_BYTES} bytes"
+            )
+        key_limit = _SORT_KEY_BYTES
+    elif _text(env, "IDEMPOTENCY_PARTITION_VALUE") is not None:
+        raise IdempotencyConfigurationError(
+            "IDEMPOTENCY_PARTITION_VALUE is set but IDEMPOTENCY_SORT_KEY_ATTR is not; the partition value is only "
+            "used when the key goes in a sort key"
+        )
+    if prefix and len(prefix.encode()) + _DIGEST_CHARS > key_limit:
+        variable = "IDEMPOTENCY_KEY_PREFIX" if _text(env, "IDEMPOTENCY_KEY_PREFIX") else "AWS_LAMBDA_FUNCTION_NAME"
+        raise IdempotencyConfigurationError(
+            f"{variable} is {len(prefix.encode())} bytes as a key prefix; with the 65 characters of the digest, "
+            f"keys must fit in {key_limit} bytes ({'sort' if key_limit == _SORT_KEY_BYTES else 'partition'} key)"
+        )
 
     return Config(
         disabled=disabled,

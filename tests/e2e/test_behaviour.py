@@ -311,6 +311,9 @@ def test_dynamodb_down_fails_closed(primary: str, make_env: Any, executions: Exe
     ("IDEMPOTENCY_KEY_JMESPATH", "orders[?"),
     ("IDEMPOTENCY_LOG_LEVEL", "LOUD"),
     ("IDEMPOTENCY_TABLE", ""),
+    ("IDEMPOTENCY_KEY_JMESPATH", "powertools_jsno(body)"),
+    ("IDEMPOTENCY_SORT_KEY_ATTR", "sk"),  # the shared table has a partition key only
+    ("IDEMPOTENCY_KEY_ATTR", "pk"),
 ])
 def test_bad_setting_fails_init(primary: str, make_env: Any, shared_table: str, executions: Executions,
                                 setting: str, value: str) -> None:

@@ -36,7 +36,8 @@ def test_same_event_twice_runs_once(python_version: str, environments: Environme
 
 
 @pytest.mark.parametrize("kind", ["none", "empty_dict", "empty_list", "zero", "empty_str", "false", "decimal",
-                                  "bytes", "unicode", "non_finite", "huge_int"])
+                                  "bytes", "unicode", "non_finite", "huge_int", "deep", "enum_keys",
+                                  "bytes_keys", "asdict_object", "nan_top"])
 def test_result_replays_identically(python_version: str, environments: Environments, shared_table: str,
                                     executions: Executions, kind: str) -> None:
     env = environments.shared(python_version, shared_table)
@@ -54,6 +55,12 @@ def test_result_replays_identically(python_version: str, environments: Environme
     elif kind == "decimal":  # the runtime writes Decimals as exact JSON numbers; so must the replay
         assert b"12345678901234567890.000000001" in second.body
         assert json.loads(second.body)["price"] == 19.99
+    elif kind == "deep":  # the runtime sends 600 levels fine; the replay must too
+        assert second.body.count(b"[") == 300 and second.body.count(b'{"d": ') == 300
+    elif kind in ("enum_keys", "bytes_keys", "asdict_object", "nan_top"):
+        assert second.body == {"enum_keys": b'{"red": "blue", "plain": ["red"]}', "bytes_keys": b'{"k": 1}',
+                               "asdict_object": b'{"row": {"a": 1, "b": [{"x": 1, "y": 2}]}}',
+                               "nan_top": b"NaN"}[kind]
     else:
         expected = {"none": None, "empty_dict": {}, "empty_list": [], "zero": 0, "empty_str": "", "false": False,
                     "unicode": {"text": "caf\u00e9 \u2603 \U0001f600"}}[kind]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,18 +45,23 @@ class DynamoDBLocal:
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
+        self.tmpdir: str | None = None
 
     def start(self) -> DynamoDBLocal:
         java = shutil.which("java")
         if java is None:
             raise RuntimeError("java is missing: apt-get install -y openjdk-17-jre-headless (./build.sh test does)")
+        # The JVM copies sqlite4java's native library into java.io.tmpdir at every start: keep it in our own
+        # folder, removed at stop, so runs leave nothing in /tmp.
+        self.tmpdir = tempfile.mkdtemp(prefix="dynamodb-local-")
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 (closed below)
         try:
             # DynamoDB Local has no bind-address option (it listens on every interface); everything here talks
             # to it on 127.0.0.1 only. -disableTelemetry: it would otherwise phone home. -sharedDb: one
             # database whatever the credentials and region, so every client sees the same tables.
             self.process = subprocess.Popen(
-                [java, f"-Djava.library.path={self.home / 'DynamoDBLocal_lib'}", "-jar",
+                [java, "-XX:-UsePerfData", f"-Djava.library.path={self.home / 'DynamoDBLocal_lib'}",
+                 f"-Djava.io.tmpdir={self.tmpdir}", "-jar",
                  str(self.home / "DynamoDBLocal.jar"), "-inMemory", "-sharedDb", "-disableTelemetry",
                  "-port", str(self.port)],
                 cwd=self.home, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -84,9 +90,17 @@ class DynamoDBLocal:
 
     def stop(self) -> None:
         """Terminate by PID; kill if it does not exit within 10 s. Safe to call twice."""
-        if self.process is None:
-            return
         process, self.process = self.process, None
+        try:
+            if process is not None:
+                self._stop(process)
+        finally:
+            if self.tmpdir:
+                shutil.rmtree(self.tmpdir, ignore_errors=True)
+                self.tmpdir = None
+
+    @staticmethod
+    def _stop(process: subprocess.Popen[bytes]) -> None:
         if process.poll() is None:
             process.terminate()
             try:

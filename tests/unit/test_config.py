@@ -3,12 +3,12 @@ import pytest
 from idempotency_layer.config import load
 from idempotency_layer.errors import IdempotencyConfigurationError
 
-BASE = {"IDEMPOTENCY_ORIGINAL_HANDLER": "app.handler", "IDEMPOTENCY_TABLE": "t", "AWS_LAMBDA_FUNCTION_NAME": "fn"}
+BASE = {"IDEMPOTENCY_ORIGINAL_HANDLER": "app.handler", "IDEMPOTENCY_TABLE": "orders", "AWS_LAMBDA_FUNCTION_NAME": "fn"}
 
 
 def test_defaults():
     config = load(BASE)
-    assert config.table == "t"
+    assert config.table == "orders"
     assert config.key_prefix == "fn"
     assert config.key_jmespath is None
     assert config.ttl_seconds == 3600
@@ -82,7 +82,7 @@ def test_original_handler_required():
 
 
 def test_prefix_required_without_function_name():
-    env = {"IDEMPOTENCY_ORIGINAL_HANDLER": "app.handler", "IDEMPOTENCY_TABLE": "t"}
+    env = {"IDEMPOTENCY_ORIGINAL_HANDLER": "app.handler", "IDEMPOTENCY_TABLE": "orders"}
     with pytest.raises(IdempotencyConfigurationError, match="IDEMPOTENCY_KEY_PREFIX"):
         load(env)
     assert load({**env, "IDEMPOTENCY_KEY_PREFIX": "orders"}).key_prefix == "orders"
@@ -101,9 +101,46 @@ def test_sort_key_layout_gets_a_static_partition_value():
     assert config.partition_value == "IDEM"
 
 
-def test_attribute_names_must_differ():
-    with pytest.raises(IdempotencyConfigurationError, match="same attribute twice"):
+def test_attribute_names_must_differ_and_the_error_names_both_variables():
+    with pytest.raises(IdempotencyConfigurationError, match="IDEMPOTENCY_STATUS_ATTR and IDEMPOTENCY_OWNER_ATTR"):
         load({**BASE, "IDEMPOTENCY_OWNER_ATTR": "status"})
+    with pytest.raises(IdempotencyConfigurationError, match="IDEMPOTENCY_KEY_ATTR and IDEMPOTENCY_SORT_KEY_ATTR"):
+        load({**BASE, "IDEMPOTENCY_SORT_KEY_ATTR": "id"})
+
+
+@pytest.mark.parametrize("table", ["ab", "orders!", "a" * 256, "arn:aws:dynamodb:us-east-1:123:table/orders",
+                                   "arn:aws:s3:::bucket", "orders table"])
+def test_table_must_be_a_name_or_an_arn(table):
+    with pytest.raises(IdempotencyConfigurationError, match="IDEMPOTENCY_TABLE"):
+        load({**BASE, "IDEMPOTENCY_TABLE": table})
+
+
+@pytest.mark.parametrize("table", ["abc", "my_table.v2-prod", "a" * 255,
+                                   "arn:aws:dynamodb:eu-west-1:123456789012:table/orders",
+                                   "arn:aws-cn:dynamodb:cn-north-1:123456789012:table/orders"])
+def test_table_names_and_arns_are_accepted(table):
+    assert load({**BASE, "IDEMPOTENCY_TABLE": table}).table == table
+
+
+def test_sort_key_attribute_name_is_at_most_255_bytes():
+    with pytest.raises(IdempotencyConfigurationError, match="IDEMPOTENCY_SORT_KEY_ATTR"):
+        load({**BASE, "IDEMPOTENCY_SORT_KEY_ATTR": "s" * 256})
+
+
+def test_key_prefix_must_leave_room_for_the_digest():
+    assert load({**BASE, "IDEMPOTENCY_KEY_PREFIX": "p" * (2048 - 65)}).key_prefix
+    with pytest.raises(IdempotencyConfigurationError, match="IDEMPOTENCY_KEY_PREFIX is 1984 bytes"):
+        load({**BASE, "IDEMPOTENCY_KEY_PREFIX": "p" * (2048 - 64)})
+    # In a sort key the limit is 1024 bytes.
+    with pytest.raises(IdempotencyConfigurationError, match=r"IDEMPOTENCY_KEY_PREFIX.*sort key"):
+        load({**BASE, "IDEMPOTENCY_KEY_PREFIX": "p" * 1000, "IDEMPOTENCY_SORT_KEY_ATTR": "sk"})
+
+
+def test_partition_value_needs_a_sort_key_and_fits_a_key():
+    with pytest.raises(IdempotencyConfigurationError, match="IDEMPOTENCY_PARTITION_VALUE is set but"):
+        load({**BASE, "IDEMPOTENCY_PARTITION_VALUE": "IDEM"})
+    with pytest.raises(IdempotencyConfigurationError, match="IDEMPOTENCY_PARTITION_VALUE is 2049 bytes"):
+        load({**BASE, "IDEMPOTENCY_SORT_KEY_ATTR": "sk", "IDEMPOTENCY_PARTITION_VALUE": "v" * 2049})
 
 
 def test_choices_are_case_insensitive():

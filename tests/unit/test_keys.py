@@ -92,3 +92,53 @@ def test_integers_beyond_64_bits_are_keys():
     big = keys.key({"orderId": 123456789012345678901234})
     assert big == "fn#" + hashlib.sha256(b"123456789012345678901234").hexdigest()
     assert big != keys.key({"orderId": 123456789012345678901235})
+
+
+def test_json_parse_keeps_big_integers_apart():
+    keys = KeyDeriver("fn", "json_parse(body).orderId")
+    first = keys.key({"body": '{"orderId": 12345678901234567890123}'})
+    second = keys.key({"body": '{"orderId": 12345678901234567890124}'})
+    assert first != second
+    assert first == "fn#" + hashlib.sha256(b"12345678901234567890123").hexdigest()
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_numbers_are_not_null(value):
+    keys = KeyDeriver("fn", None)
+    assert keys.key({"a": value}) != keys.key({"a": None})
+    assert keys.key([value, None]) != keys.key([None, None])
+
+
+def test_json_parse_of_non_finite_numbers_keys_them_apart():
+    keys = KeyDeriver("fn", "json_parse(body)")
+    bodies = ['{"a": NaN}', '{"a": Infinity}', '{"a": -Infinity}', '{"a": null}', '{"a": 1e400}']
+    assert len({keys.key({"body": b}) for b in bodies[:4]}) == 4
+    assert keys.key({"body": bodies[4]}) == keys.key({"body": bodies[1]})  # json.loads reads both as inf
+
+
+@pytest.mark.parametrize("data", [base64.b64encode(b"plain text").decode(),
+                                  base64.b64encode(gzip.compress(b'{"a": 1}')[:-6]).decode(),
+                                  base64.b64encode(b"\x1f\x8b").decode()])
+def test_base64_gzip_decode_of_what_is_not_gzip_is_a_key_error(data):
+    with pytest.raises(IdempotencyKeyError, match="not gzip data"):
+        KeyDeriver("fn", "base64_gzip_decode(b)").key({"b": data})
+
+
+@pytest.mark.parametrize("expression", ["powertools_jsno(body)", "json_parse(body, body)", "length()",
+                                        "[a, nope(b)]"])
+def test_unknown_functions_and_wrong_arity_fail_at_init(expression):
+    with pytest.raises(IdempotencyConfigurationError, match="IDEMPOTENCY_KEY_JMESPATH"):
+        KeyDeriver("fn", expression)
+
+
+def test_key_errors_name_no_event_content():
+    secret = "4111-SECRET-CARD"
+    cases = [("json_parse(b)", {"b": {"card": secret}}), ("json_parse(b)", {"b": secret}),
+             ("base64_decode(b)", {"b": base64.b64encode(b"\xff" + secret.encode()).decode()}),
+             ("base64_gzip_decode(b)", {"b": base64.b64encode(secret.encode()).decode()}),
+             ("abs(b)", {"b": secret}), ("sort(b)", {"b": [1, secret]})]
+    for expression, event in cases:
+        with pytest.raises(IdempotencyKeyError) as caught:
+            KeyDeriver("fn", expression).key(event)
+        assert secret not in str(caught.value)
+        assert "\\xff" not in str(caught.value)

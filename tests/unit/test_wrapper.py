@@ -119,3 +119,19 @@ def test_git_mode_when_tracked() -> None:
         ["git", "check-attr", "eol", "wrapper/idempotency-wrapper"], cwd=ROOT, capture_output=True, text=True
     ).stdout
     assert attrs.strip().endswith("eol: lf")
+
+
+@pytest.mark.parametrize("problem", ["missing", "not executable", "a folder"])
+def test_a_next_wrapper_that_cannot_run_is_named(tmp_path: Path, problem: str) -> None:
+    nxt = tmp_path / "otel-instrument"
+    if problem == "not executable":
+        nxt.write_text('#!/bin/bash\nexec "$@"\n')
+        nxt.chmod(0o644)
+    elif problem == "a folder":
+        nxt.mkdir()
+    base = {k: v for k, v in os.environ.items() if k not in WRAPPER_VARS}
+    proc = subprocess.run(["bash", str(WRAPPER), *PROBE_CMD], capture_output=True, text=True,
+                          env={**base, "_HANDLER": "app.handler", "IDEMPOTENCY_NEXT_WRAPPER": str(nxt)})
+    assert proc.returncode == 126
+    assert proc.stdout == ""  # the runtime did not start
+    assert f"IDEMPOTENCY_NEXT_WRAPPER={nxt} is not an executable file" in proc.stderr

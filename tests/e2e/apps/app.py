@@ -6,14 +6,18 @@ executions from this side effect rather than from anything the layer reports.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import pickle
 import random
 import sys
 import time
 import uuid
 from decimal import Decimal
 from typing import Any
+
+from values import Colour, Point, Row, deep
 
 RESULTS: dict[str, Any] = {
     "none": None,
@@ -27,6 +31,11 @@ RESULTS: dict[str, Any] = {
     "unicode": {"text": "caf\u00e9 \u2603 \U0001f600"},
     "non_finite": {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf"), "none": None},
     "huge_int": {"n": 2**70 + 1, "neg": -(2**65)},
+    "deep": deep(600),
+    "enum_keys": {Colour.RED: Colour.BLUE, "plain": [Colour.RED]},
+    "bytes_keys": {b"k": 1},
+    "asdict_object": {"row": Row(a=1, b=[Point(1, 2)])},
+    "nan_top": float("nan"),
 }
 
 
@@ -84,6 +93,8 @@ def handler(event: Any, context: Any) -> Any:
         if before == 0 or not event.get("block_first"):
             _wait_for_file(event["release"], event.get("block_timeout", 60))
         return {"id": uuid.uuid4().hex, "execution": before + 1}
+    if action == "pickled":
+        return pickle.loads(base64.b64decode(event["value"]))  # the tests' own values
     if action == "big":
         return _big(event["size"], event.get("compressible", True), event.get("seed", 0))
     if action == "unmarshallable":
