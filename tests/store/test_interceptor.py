@@ -39,6 +39,8 @@ def load(tmp_path, monkeypatch, layer_env, proxy, table):
     monkeypatch.setenv("RUNS_FILE", str(runs))
     monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", proxy.endpoint)
     monkeypatch.setenv("AWS_LAMBDA_FUNCTION_NAME", "orders")
+    # No runtime here: its marshaller must not be found in sys.modules, whatever other tests imported.
+    monkeypatch.delitem(sys.modules, "awslambdaric.lambda_runtime_marshaller", raising=False)
 
     def load_interceptor(**settings):
         env = {"IDEMPOTENCY_ORIGINAL_HANDLER": "orders_app.handler", "IDEMPOTENCY_TABLE": table, **settings}
