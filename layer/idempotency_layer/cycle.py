@@ -100,6 +100,9 @@ class Cycle:
         self.ttl_seconds = ttl_seconds
         self.cache = LocalCache(cache_size) if cache_size > 0 else None
         self.clock = clock
+        # Set when a completion failed for a reason no retry can change: from then on this environment runs no
+        # handler, since no run of it could be recorded and every duplicate would run again.
+        self.refusal: str | None = None
 
     def run(self, key: str, invoke: Callable[[], Any], remaining_ms: int) -> Outcome:
         """Run `invoke` once for `key`, or replay the result of the run that did.
@@ -107,6 +110,8 @@ class Cycle:
         `remaining_ms` is how long this invocation may still take: the claim lasts that long. A result that
         `results.encode` finds undeliverable is not stored, and the claim is released.
         """
+        if self.refusal is not None:
+            raise IdempotencyPersistenceLayerError(self.refusal)
         if self.cache is not None:
             cached = self.cache.get(key, self.clock())
             if cached is not None:
@@ -185,9 +190,15 @@ class Cycle:
         expires_at = int(self.clock()) + self.ttl_seconds
         try:
             completed = self.store.complete(key, owner, result, expires_at)
-        except IdempotencyPersistenceLayerError:
+        except IdempotencyPersistenceLayerError as error:
             # The handler ran: failing now would make the caller retry into a second run.
-            logger.error("completing key %r failed; returning the result anyway", key, exc_info=True)
+            logger.error("completing key %r failed; returning the result anyway: %s", key, error)
+            if error.permanent:
+                self.refusal = (
+                    f"this execution environment runs no more handlers: completing key {key!r} failed for a reason "
+                    f"no retry can change ({error}); fix the table or the function's role, then redeploy"
+                )
+                logger.error("%s", self.refusal)
             return delivered
         except BaseException as error:  # not the store's word (a bug, MemoryError): complete without the result
             logger.error("completing key %r failed (%s); completing it without its result", key, type(error).__name__)

@@ -20,6 +20,9 @@ class IdempotencyAlreadyInProgressError(IdempotencyError):
 class IdempotencyPersistenceLayerError(IdempotencyError):
     """The table could not be read or written; the handler was not run."""
 
+    # True when retrying cannot help (no table, no permission, a request the table refuses).
+    permanent: bool = False
+
 
 class IdempotencyResultTooLargeError(IdempotencyError):
     """The first run completed, but its result was too large to store, so it cannot be replayed."""

@@ -19,6 +19,12 @@ from .transport import DynamoDBError, Transport
 INPROGRESS = "INPROGRESS"
 COMPLETED = "COMPLETED"
 _CHECK_FAILED = "ConditionalCheckFailedException"
+# Answers no retry can change: the table, the role or the request is wrong.
+_PERMANENT = frozenset({
+    "AccessDeniedException", "ResourceNotFoundException", "ValidationException", "UnrecognizedClientException",
+    "MissingAuthenticationTokenException", "InvalidSignatureException", "KMSAccessDeniedException",
+    "KMSDisabledException", "KMSNotFoundException", "KMSInvalidStateException", "SerializationException",
+})
 
 
 @dataclass(frozen=True)
@@ -126,9 +132,11 @@ class DynamoDBStore:
         except DynamoDBError as error:
             if error.code == _CHECK_FAILED:
                 raise
-            raise IdempotencyPersistenceLayerError(
+            failure = IdempotencyPersistenceLayerError(
                 f"DynamoDB {operation} on table {self.table!r} failed for key {key!r}: {error.code}: {error.message}"
-            ) from error
+            )
+            failure.permanent = error.code in _PERMANENT
+            raise failure from error
         except Exception as error:
             # E.g. a credential refresh that failed outside botocore's own error types.
             raise IdempotencyPersistenceLayerError(

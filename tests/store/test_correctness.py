@@ -330,3 +330,44 @@ def test_record_states_are_only_completed_or_absent_after_a_run(store, ddb_clien
         record = store.get(key)
         assert (record is None) if outcome == "raise" else (record.status == COMPLETED)
         assert record is None or record.status != INPROGRESS
+
+
+def test_a_completion_refused_for_good_stops_this_environment_running_handlers(transport, ddb_client, caplog):
+    """The handler ran and its completion cannot be written (here the table is gone): the caller gets its result,
+    and no later invocation in this environment runs a handler it could not record."""
+    name = create_table(ddb_client, f"gone-{uuid.uuid4().hex[:8]}")
+    cycle = Cycle(DynamoDBStore(transport, name, Attributes()), ttl_seconds=3600)
+    runs: list[str] = []
+
+    def place_order() -> Any:
+        runs.append("first")
+        ddb_client.delete_table(TableName=name)
+        return {"order": "placed"}
+
+    with caplog.at_level("ERROR", logger="idempotency_layer"):
+        assert cycle.run("k#1", place_order, 30_000).value == {"order": "placed"}
+    assert "ResourceNotFoundException" in caplog.text and "runs no more handlers" in caplog.text
+    for key in ("k#1", "k#2"):
+        with pytest.raises(IdempotencyPersistenceLayerError, match=r"runs no more handlers.*ResourceNotFound"):
+            cycle.run(key, lambda: runs.append("again"), 30_000)
+    assert runs == ["first"]
+
+
+def test_a_transient_completion_failure_does_not_stop_the_environment(store, transport, table_name):
+    class FailOnce:
+        def __init__(self) -> None:
+            self.failed = False
+
+        def call(self, operation, params):
+            if operation == "UpdateItem" and not self.failed:
+                self.failed = True
+                from idempotency_layer.transport import DynamoDBError
+
+                raise DynamoDBError(operation, "ProvisionedThroughputExceededException", "throttled", None)
+            return transport.call(operation, params)
+
+    cycle = Cycle(DynamoDBStore(FailOnce(), table_name, Attributes()), ttl_seconds=3600)
+    runs: list[int] = []
+    assert cycle.run("k#a", lambda: runs.append(1) or 1, 30_000).value == 1
+    assert cycle.run("k#b", lambda: runs.append(2) or 2, 30_000).value == 2
+    assert runs == [1, 2] and cycle.refusal is None
