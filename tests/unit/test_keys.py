@@ -2,10 +2,13 @@ import base64
 import gzip
 import hashlib
 import json
+import os
 import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from idempotency_layer.errors import IdempotencyConfigurationError, IdempotencyKeyError
 from idempotency_layer.keys import KeyDeriver, canonical_json
@@ -142,3 +145,65 @@ def test_key_errors_name_no_event_content():
             KeyDeriver("fn", expression).key(event)
         assert secret not in str(caught.value)
         assert "\\xff" not in str(caught.value)
+
+
+# -- properties -------------------------------------------------------------------------------------------------
+
+EXAMPLES = int(os.environ.get("IDEMPOTENCY_PROPERTY_EXAMPLES", "60"))
+_json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.integers(-(2**300), 2**300), st.floats(),
+              st.text(max_size=8), st.sampled_from([-0.0, 0.0, 1, 1.0, "\ud800", "\x00", float("nan")])),
+    lambda children: st.one_of(st.lists(children, max_size=4), st.dictionaries(st.text(max_size=5), children,
+                                                                                max_size=4)),
+    max_leaves=20,
+)
+
+
+def _json_form(value):
+    return json.dumps(value, sort_keys=True)
+
+
+@settings(max_examples=EXAMPLES * 3, deadline=None, derandomize=True)
+@given(a=_json_values, b=_json_values)
+def test_values_json_tells_apart_get_different_keys(a, b):
+    keys = KeyDeriver("fn", None)
+    if _json_form(a) != _json_form(b):
+        assert keys.key([a]) != keys.key([b])
+    else:
+        assert keys.key([a]) == keys.key([b])
+
+
+@settings(max_examples=EXAMPLES * 3, deadline=None, derandomize=True)
+@given(value=_json_values)
+def test_json_parse_keys_what_json_loads_reads(value):
+    """A body holding a value keys as the value itself would: json_parse reads it as json.loads does."""
+    body = json.dumps(value)
+    parsed = KeyDeriver("fn", "json_parse(body)").key({"body": body})
+    direct = KeyDeriver("fn", "v").key({"v": json.loads(body)})
+    assert parsed == direct
+
+
+_bodies = st.one_of(
+    st.text(max_size=30), _json_values.map(json.dumps),
+    st.binary(max_size=30).map(lambda b: base64.b64encode(b).decode()),
+    st.binary(max_size=30).map(lambda b: base64.b64encode(gzip.compress(b)).decode()),
+    st.binary(max_size=30).map(lambda b: base64.b64encode(gzip.compress(b)[:-3]).decode()),
+    _json_values,
+)
+_expressions = st.sampled_from([
+    "json_parse(body)", "json_parse(body).a", "base64_decode(body)", "base64_gzip_decode(body)",
+    "json_parse(base64_decode(body))", "json_parse(base64_gzip_decode(body)).a", "[body, a]", "body.a.b",
+    "length(body)", "keys(body)", "sort(body)", "to_number(body)", "abs(body)", "body[0]", "body[?a > `1`]",
+])
+
+
+@settings(max_examples=EXAMPLES * 5, deadline=None, derandomize=True)
+@given(expression=_expressions, body=_bodies, extra=_json_values)
+def test_key_derivation_raises_only_key_errors(expression, body, extra):
+    keys = KeyDeriver("fn", expression)
+    for event in ({"body": body, "a": extra}, {"body": {"a": body}}, [body], body):
+        try:
+            key = keys.key(event)
+        except IdempotencyKeyError:
+            continue
+        assert key is None or key.startswith("fn#")
