@@ -389,3 +389,24 @@ def test_default_prefix_is_the_function_name(primary: str, environments: Environ
     assert record is not None
     assert set(record) >= {"id", "status", "expires_at", "owner"}
     assert record["status"] == {"S": "COMPLETED"}
+
+
+def test_a_chained_wrapper_sees_the_same_kind_of_result_on_both_paths(primary: str, make_env: Any,
+                                                                       shared_table: str, executions: Executions,
+                                                                       tmp_path: Path) -> None:
+    """IDEMPOTENCY_NEXT_WRAPPER: the next wrapper points _HANDLER at its own handler, which calls ours."""
+    next_wrapper = tmp_path / "tracer-wrapper"
+    next_wrapper.write_text('#!/bin/bash\nexport TRACED_HANDLER=$_HANDLER _HANDLER=tracer.handler\nexec "$@"\n')
+    next_wrapper.chmod(0o755)
+    seen = tmp_path / "types"
+    env = make_env(primary, shared_table, {"IDEMPOTENCY_NEXT_WRAPPER": str(next_wrapper),
+                                           "TRACER_FILE": str(seen)})
+    for kind in ("decimal", "bytes", "none"):
+        event = {"marker": marker(), "action": "result", "result": kind}
+        first, second = env.invoke(event), env.invoke(event)
+        assert first.error_type is None, first.body
+        assert second.body == first.body
+        assert executions.count(event["marker"]) == 1
+    types = seen.read_text().splitlines()
+    assert len(types) == 6
+    assert types == ["RawJSON", "RawJSON", "bytes", "bytes", "RawJSON", "RawJSON"], types
