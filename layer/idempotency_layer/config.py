@@ -71,6 +71,10 @@ def _text(env: Mapping[str, str], name: str, default: str | None = None) -> str 
     value = env.get(name)
     if value is None or value.strip() == "":
         return default
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # bytes that are not UTF-8 reach Python as lone surrogates
+        raise IdempotencyConfigurationError(f"{name} is not valid UTF-8 text") from None
     return value.strip()
 
 
@@ -195,7 +199,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
             "IDEMPOTENCY_PARTITION_VALUE is set but IDEMPOTENCY_SORT_KEY_ATTR is not; the partition value is only "
             "used when the key goes in a sort key"
         )
-    if prefix and len(prefix.encode()) + _DIGEST_CHARS > key_limit:
+    if not disabled and prefix and len(prefix.encode()) + _DIGEST_CHARS > key_limit:
         variable = "IDEMPOTENCY_KEY_PREFIX" if _text(env, "IDEMPOTENCY_KEY_PREFIX") else "AWS_LAMBDA_FUNCTION_NAME"
         raise IdempotencyConfigurationError(
             f"{variable} is {len(prefix.encode())} bytes as a key prefix; with the 65 characters of the digest, "

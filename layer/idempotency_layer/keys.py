@@ -92,7 +92,7 @@ def _check_functions(expression: str, node: Any, known: dict[str, Any]) -> None:
                 )
             signature = spec["signature"]
             variadic = bool(signature) and signature[-1].get("variadic")
-            if given < len(signature) - (1 if variadic else 0) or (not variadic and given != len(signature)):
+            if given < len(signature) or (not variadic and given != len(signature)):
                 raise IdempotencyConfigurationError(
                     f"IDEMPOTENCY_KEY_JMESPATH={expression!r} calls {name}() with {given} argument(s); "
                     f"it takes {len(signature)}{' or more' if variadic else ''}"
@@ -102,6 +102,14 @@ def _check_functions(expression: str, node: Any, known: dict[str, Any]) -> None:
     elif isinstance(node, list):
         for child in node:
             _check_functions(expression, child, known)
+
+
+def _reads_the_event(node: Any) -> bool:
+    if isinstance(node, dict):
+        if node.get("type") in ("field", "current", "identity"):
+            return True
+        return any(_reads_the_event(child) for child in node.get("children", []))
+    return isinstance(node, list) and any(_reads_the_event(child) for child in node)
 
 
 def _compile(expression: str) -> Callable[[Any], Any]:
@@ -137,6 +145,13 @@ def _compile(expression: str) -> Callable[[Any], Any]:
         ) from None
     registry = _Functions()
     _check_functions(expression, parsed.parsed, registry.FUNCTION_TABLE)
+    if not _reads_the_event(parsed.parsed):
+        # E.g. 'orderId' in single quotes: a JMESPath raw string, the same text for every event, so every
+        # event would share one key and replay the first one's result.
+        raise IdempotencyConfigurationError(
+            f"IDEMPOTENCY_KEY_JMESPATH={expression!r} reads nothing from the event, so every event would get the "
+            "same key; name a field (orderId, not 'orderId': single quotes make a literal string)"
+        )
     options = jmespath.Options(custom_functions=registry)
 
     def select(event: Any) -> Any:

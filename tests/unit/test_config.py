@@ -147,3 +147,13 @@ def test_choices_are_case_insensitive():
     config = load({**BASE, "IDEMPOTENCY_TRANSPORT": "BOTO3", "IDEMPOTENCY_LOG_LEVEL": "debug"})
     assert config.transport == "boto3"
     assert config.log_level == "DEBUG"
+
+
+@pytest.mark.parametrize("name", ["IDEMPOTENCY_KEY_PREFIX", "IDEMPOTENCY_KEY_ATTR", "IDEMPOTENCY_TABLE"])
+def test_values_that_are_not_utf8_name_the_variable(name):
+    with pytest.raises(IdempotencyConfigurationError, match=f"{name} is not valid UTF-8"):
+        load({**BASE, name: "a\udcff"})
+
+
+def test_disabled_skips_the_key_prefix_length_check():
+    assert load({**BASE, "IDEMPOTENCY_DISABLED": "true", "IDEMPOTENCY_KEY_PREFIX": "p" * 3000}).disabled

@@ -207,3 +207,14 @@ def test_key_derivation_raises_only_key_errors(expression, body, extra):
         except IdempotencyKeyError:
             continue
         assert key is None or key.startswith("fn#")
+
+
+@pytest.mark.parametrize("expression", ["merge()", "not_null()", "'orderId'", "`1`", '`"orderId"`'])
+def test_expressions_that_fail_or_read_nothing_fail_at_init(expression):
+    with pytest.raises(IdempotencyConfigurationError, match="IDEMPOTENCY_KEY_JMESPATH"):
+        KeyDeriver("fn", expression)
+
+
+@pytest.mark.parametrize("expression", ["merge(a)", "not_null(a, b)", "length(@) > `0`", "*.a", "[a, `1`]"])
+def test_expressions_that_read_the_event_are_accepted(expression):
+    assert KeyDeriver("fn", expression).expression == expression
