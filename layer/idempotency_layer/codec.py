@@ -114,13 +114,14 @@ def _untag(value: Any) -> Any:
     return {k: _untag(v) for k, v in value.items()}
 
 
-def _non_finite(value: Any) -> bool:
+def has_non_finite(value: Any) -> bool:
+    """Whether a NaN or an infinity is anywhere in `value` (orjson writes them as null)."""
     if isinstance(value, float):
         return not math.isfinite(value)
     if isinstance(value, dict):
-        return any(_non_finite(v) for v in value.values())
+        return any(has_non_finite(v) for v in value.values())
     if isinstance(value, (list, tuple)):
-        return any(_non_finite(v) for v in value)
+        return any(has_non_finite(v) for v in value)
     return False
 
 
@@ -131,7 +132,7 @@ def to_json(value: Any) -> tuple[str, bytes]:
         option = orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATACLASS
         text = orjson.dumps(value, default=_refuse, option=option)
         # A null may be a NaN or an infinity orjson wrote as null: only then is the whole value scanned.
-        if b"null" not in text or not _non_finite(value):
+        if b"null" not in text or not has_non_finite(value):
             return JSON, text
     except TypeError:
         pass

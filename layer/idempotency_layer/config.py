@@ -156,7 +156,8 @@ def load(env: Mapping[str, str] | None = None) -> Config:
             "nor a table ARN (arn:aws:dynamodb:<region>:<account>:table/<name>)"
         )
 
-    prefix = _text(env, "IDEMPOTENCY_KEY_PREFIX") or _text(env, "AWS_LAMBDA_FUNCTION_NAME")
+    explicit_prefix = _text(env, "IDEMPOTENCY_KEY_PREFIX")
+    prefix = explicit_prefix or _text(env, "AWS_LAMBDA_FUNCTION_NAME")
     if not disabled and not prefix:
         raise IdempotencyConfigurationError(
             "IDEMPOTENCY_KEY_PREFIX is not set and neither is AWS_LAMBDA_FUNCTION_NAME; "
@@ -200,7 +201,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
             "used when the key goes in a sort key"
         )
     if not disabled and prefix and len(prefix.encode()) + _DIGEST_CHARS > key_limit:
-        variable = "IDEMPOTENCY_KEY_PREFIX" if _text(env, "IDEMPOTENCY_KEY_PREFIX") else "AWS_LAMBDA_FUNCTION_NAME"
+        variable = "IDEMPOTENCY_KEY_PREFIX" if explicit_prefix else "AWS_LAMBDA_FUNCTION_NAME"
         raise IdempotencyConfigurationError(
             f"{variable} is {len(prefix.encode())} bytes as a key prefix; with the 65 characters of the digest, "
             f"keys must fit in {key_limit} bytes ({'sort' if key_limit == _SORT_KEY_BYTES else 'partition'} key)"

@@ -92,13 +92,12 @@ def _results() -> Any:
             return raw(text), codec.pack(codec.RESPONSE, data)
 
         def decode(self, encoded: codec.Encoded) -> Any:
-            form, data = codec.unpack(encoded)
-            if form == codec.BYTES:
-                return data
-            if form == codec.RESPONSE:
-                return raw(data.decode("utf-8"))
-            value = codec.decode(encoded)  # a record of an earlier version, which stored the value
-            return value if isinstance(value, bytes) else raw(marshal(value)[0])
+            value = codec.decode(encoded)  # the text or bytes we stored; a value for an earlier version's record
+            if isinstance(value, bytes):
+                return value
+            if encoded.format.removesuffix(codec.COMPRESSED) == codec.RESPONSE:
+                return raw(value)
+            return raw(marshal(value)[0])
 
     return RuntimeResults()
 

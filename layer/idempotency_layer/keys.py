@@ -11,26 +11,16 @@ import binascii
 import gzip
 import hashlib
 import json
-import math
 import zlib
 from collections.abc import Callable
 from typing import Any
 
 import orjson
 
+from .codec import has_non_finite
 from .errors import IdempotencyConfigurationError, IdempotencyKeyError
 
 _CANONICAL = orjson.OPT_SORT_KEYS
-
-
-def _has_non_finite(value: Any) -> bool:
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, dict):
-        return any(_has_non_finite(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_has_non_finite(v) for v in value)
-    return False
 
 
 def canonical_json(value: Any) -> bytes:
@@ -38,7 +28,7 @@ def canonical_json(value: Any) -> bytes:
     try:
         text = orjson.dumps(value, option=_CANONICAL)
         # orjson writes NaN and the infinities as null: only a text with a null can hide one.
-        if b"null" not in text or not _has_non_finite(value):
+        if b"null" not in text or not has_non_finite(value):
             return text
     except orjson.JSONEncodeError:
         pass  # integers beyond 64 bits, lone surrogates, nesting beyond orjson's depth
