@@ -22,8 +22,9 @@ RESPONSE = "response"  # the exact JSON text the runtime sent for the first run
 BYTES = "bytes"  # the exact bytes the runtime sent (a handler that returned bytes)
 COMPRESSED = "+z"
 TOO_LARGE = "too_large"
+DONE = "done"  # a batch record: completed, with no result kept (there is nothing to replay)
 FORMATS = frozenset(
-    {f + z for f in (JSON, TAGGED, RESPONSE, BYTES) for z in ("", COMPRESSED)} | {TOO_LARGE}
+    {f + z for f in (JSON, TAGGED, RESPONSE, BYTES) for z in ("", COMPRESSED)} | {TOO_LARGE, DONE}
 )
 
 ITEM_LIMIT = 400 * 1024  # DynamoDB's item size limit, names and values together
@@ -170,8 +171,8 @@ def encode(value: Any, budget: int = ITEM_LIMIT - RECORD_OVERHEAD) -> Encoded:
 def unpack(encoded: Encoded) -> tuple[str, bytes]:
     """The format without compression, and the data as it was before `pack`."""
     form, data = encoded
-    if form == TOO_LARGE or data is None:
-        raise ValueError("a result marked too large has no data to decode")
+    if form in (TOO_LARGE, DONE) or data is None:
+        raise ValueError(f"a result of format {form!r} has no data to decode")
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogatepass")
     if form.endswith(COMPRESSED):

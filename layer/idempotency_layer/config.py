@@ -18,6 +18,7 @@ _TRUE = frozenset({"true", "1", "yes"})
 _FALSE = frozenset({"false", "0", "no"})
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _TRANSPORTS = ("lean", "boto3")
+_SCOPES = ("auto", "event", "record")
 _TABLE_NAME = re.compile(r"[A-Za-z0-9_.-]{3,255}")
 _TABLE_ARN = re.compile(r"arn:aws[a-z-]*:dynamodb:[a-z0-9-]+:[0-9]{12}:table/[A-Za-z0-9_.-]{3,255}")
 _DIGEST_CHARS = 1 + 64  # "#" and the sha256 hex digest after the prefix
@@ -52,7 +53,8 @@ class Attributes:
 class Config:
     disabled: bool
     table: str
-    key_jmespath: str | None  # None: the whole event
+    scope: str  # auto: batches from SQS, Kinesis, DynamoDB Streams per record, other events whole; event; record
+    key_jmespath: str | None  # None: the whole event (a batch record: its delivery identity)
     key_prefix: str
     require_key: bool
     ttl_seconds: int
@@ -210,6 +212,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
     return Config(
         disabled=disabled,
         table=table,
+        scope=_choice(env, "IDEMPOTENCY_SCOPE", "auto", _SCOPES),
         key_jmespath=key_jmespath,
         key_prefix=prefix or "",
         require_key=_bool(env, "IDEMPOTENCY_REQUIRE_KEY", False),

@@ -1,7 +1,8 @@
 """The state machine: claim -> invoke -> complete or release, and replay.
 
-It knows nothing of Lambda or DynamoDB: it is given a key, a way to invoke the handler and a `Store`, so
-the same cycle serves a whole event now and a batch record later. Errors it raises carry the key, so a
+It knows nothing of Lambda or DynamoDB: it is given a key, a way to invoke the handler and a `Store`.
+`run` serves a whole event; its steps (`claim`, `complete`, `release`) serve batch records, whose handler
+call covers many keys at once. Errors it raises carry the key, so a
 caller can map them to responses.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -18,6 +20,7 @@ from . import codec
 from .errors import (
     IdempotencyAlreadyInProgressError,
     IdempotencyClaimConflictError,
+    IdempotencyKeyError,
     IdempotencyPersistenceLayerError,
     IdempotencyResultTooLargeError,
 )
@@ -63,23 +66,26 @@ class LocalCache:
     def __init__(self, size: int) -> None:
         self.size = size
         self._entries: OrderedDict[str, tuple[int, codec.Encoded]] = OrderedDict()
+        self._lock = threading.Lock()  # batch records complete from several threads
 
     def get(self, key: str, now: float) -> codec.Encoded | None:
-        entry = self._entries.get(key)
-        if entry is None:
-            return None
-        expires_at, result = entry
-        if expires_at < int(now):  # never outlive the record
-            del self._entries[key]
-            return None
-        self._entries.move_to_end(key)
-        return result
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            expires_at, result = entry
+            if expires_at < int(now):  # never outlive the record
+                del self._entries[key]
+                return None
+            self._entries.move_to_end(key)
+            return result
 
     def put(self, key: str, expires_at: int, result: codec.Encoded) -> None:
-        self._entries[key] = (expires_at, result)
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.size:
-            self._entries.popitem(last=False)
+        with self._lock:
+            self._entries[key] = (expires_at, result)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
 
 
 def _when(epoch_ms: float) -> str:
@@ -110,17 +116,74 @@ class Cycle:
         `remaining_ms` is how long this invocation may still take: the claim lasts that long. A result that
         `results.encode` finds undeliverable is not stored, and the claim is released.
         """
+        self.check()
+        cached = self.cached(key)
+        if cached is not None:
+            return Outcome(self._decode(key, cached), True)
+        claimed = self.claim(key, remaining_ms)
+        if isinstance(claimed, Record):
+            return self._replay(claimed)
+        return Outcome(self._invoke(key, claimed, invoke), False)
+
+    # -- the steps, for callers that run many keys around one handler call (batch records) ----------------
+
+    def check(self) -> None:
+        """Raise if this environment must run no handler at all."""
         if self.refusal is not None:
             raise IdempotencyPersistenceLayerError(self.refusal)
-        if self.cache is not None:
-            cached = self.cache.get(key, self.clock())
-            if cached is not None:
-                return Outcome(self._decode(key, cached), True)
+
+    def cached(self, key: str) -> codec.Encoded | None:
+        """The result of a completed record of this environment, without a request, or None."""
+        return None if self.cache is None else self.cache.get(key, self.clock())
+
+    def claim(self, key: str, remaining_ms: int) -> str | Record:
+        """Claim `key`: our owner token when we hold the claim, else the completed record that is there.
+
+        Raises `IdempotencyAlreadyInProgressError` when another invocation holds a live claim. Safe to call
+        from several threads at once.
+        """
         owner = os.urandom(16).hex()
         record = self._claim(key, owner, remaining_ms)
-        if record is not None:
-            return self._replay(record)
-        return Outcome(self._invoke(key, owner, invoke), False)
+        return owner if record is None else record
+
+    def complete(self, key: str, owner: str, result: codec.Encoded) -> None:
+        """Mark our claim on `key` completed with `result`. Never raises: the handler has run, and failing now
+        would make the caller retry into a second run."""
+        expires_at = int(self.clock()) + self.ttl_seconds
+        try:
+            completed = self.store.complete(key, owner, result, expires_at)
+        except IdempotencyPersistenceLayerError as error:
+            logger.error("completing key %r failed; returning the result anyway: %s", key, error)
+            if error.permanent:
+                self.refusal = (
+                    f"this execution environment runs no more handlers: completing key {key!r} failed for a reason "
+                    f"no retry can change ({error}); fix the table or the function's role, then redeploy"
+                )
+                logger.error("%s", self.refusal)
+            return
+        except BaseException as error:  # not the store's word (a bug, MemoryError): complete without the result
+            logger.error("completing key %r failed (%s); completing it without its result", key, type(error).__name__)
+            bare = result if result.data is None else codec.Encoded(codec.TOO_LARGE, None)
+            try:
+                self.store.complete(key, owner, bare, expires_at)
+            except BaseException:
+                logger.error("completing key %r without its result failed too; it stays claimed until its deadline",
+                             key)
+            return
+        if not completed:
+            logger.error("claim on key %r expired and was taken over before completion; returning our result", key)
+        elif self.cache is not None:
+            self.cache.put(key, expires_at, result)
+
+    def release(self, key: str, owner: str) -> None:
+        """Delete our claim on `key`, so a retry runs the handler again. Never raises."""
+        try:
+            if not self.store.release(key, owner):
+                logger.warning("claim on key %r was taken over before release; left it alone", key)
+        except Exception:
+            logger.error("releasing key %r failed; it stays claimed until its deadline", key, exc_info=True)
+
+    # -- internals ----------------------------------------------------------------------------------------
 
     def _claim(self, key: str, owner: str, remaining_ms: int) -> Record | None:
         for _ in range(MAX_CLAIM_ATTEMPTS):
@@ -147,6 +210,11 @@ class Cycle:
         )
 
     def _decode(self, key: str, result: codec.Encoded) -> Any:
+        if result.format == codec.DONE:
+            raise IdempotencyKeyError(
+                f"key {key!r} was completed as a batch record, which keeps no result, so this event cannot be "
+                "replayed; batch records and whole events must not select the same key"
+            )
         if result.format == codec.TOO_LARGE:
             raise IdempotencyResultTooLargeError(
                 f"key {key!r} already ran, but its result was too large to store "
@@ -174,49 +242,18 @@ class Cycle:
         try:
             value = invoke()
         except BaseException:
-            self._release(key, owner)
+            self.release(key, owner)
             raise
         # From here on the handler has run: every failure of ours ends in a completion, never a bare claim.
         try:
             delivered, result = self.results.encode(value)
         except Undeliverable:
-            self._release(key, owner)  # the runtime reports its own error for it, as it would without us
+            self.release(key, owner)  # the runtime reports its own error for it, as it would without us
             return value
         except BaseException as error:  # our own failure (a bug, MemoryError, RecursionError): do not rerun
             logger.error("result of key %r cannot be stored (%s); replays will raise", key, type(error).__name__)
             delivered, result = value, codec.Encoded(codec.TOO_LARGE, None)
         if result.format == codec.TOO_LARGE:
             logger.warning("result of key %r is too large to store; replays will raise", key)
-        expires_at = int(self.clock()) + self.ttl_seconds
-        try:
-            completed = self.store.complete(key, owner, result, expires_at)
-        except IdempotencyPersistenceLayerError as error:
-            # The handler ran: failing now would make the caller retry into a second run.
-            logger.error("completing key %r failed; returning the result anyway: %s", key, error)
-            if error.permanent:
-                self.refusal = (
-                    f"this execution environment runs no more handlers: completing key {key!r} failed for a reason "
-                    f"no retry can change ({error}); fix the table or the function's role, then redeploy"
-                )
-                logger.error("%s", self.refusal)
-            return delivered
-        except BaseException as error:  # not the store's word (a bug, MemoryError): complete without the result
-            logger.error("completing key %r failed (%s); completing it without its result", key, type(error).__name__)
-            try:
-                self.store.complete(key, owner, codec.Encoded(codec.TOO_LARGE, None), expires_at)
-            except BaseException:
-                logger.error("completing key %r without its result failed too; it stays claimed until its deadline",
-                             key)
-            return delivered
-        if not completed:
-            logger.error("claim on key %r expired and was taken over before completion; returning our result", key)
-        elif self.cache is not None:
-            self.cache.put(key, expires_at, result)
+        self.complete(key, owner, result)
         return delivered
-
-    def _release(self, key: str, owner: str) -> None:
-        try:
-            if not self.store.release(key, owner):
-                logger.warning("claim on key %r was taken over before release; left it alone", key)
-        except Exception:
-            logger.error("releasing key %r failed; it stays claimed until its deadline", key, exc_info=True)

@@ -103,7 +103,7 @@ def _results() -> Any:
 
 
 def _without_layer_frames(tb: Any) -> Any:
-    while tb is not None and os.path.dirname(tb.tb_frame.f_code.co_filename) == _PACKAGE_DIR:
+    while tb is not None and os.path.dirname(tb.tb_frame.f_code.co_filename).startswith(_PACKAGE_DIR):
         tb = tb.tb_next
     return tb
 
@@ -138,8 +138,29 @@ else:
     _store = DynamoDBStore(_transport, CONFIG.table, CONFIG.attributes, CONFIG.partition_value)
     _store.verify()  # a table whose key schema does not match the settings fails init, before any handler runs
     _cycle = Cycle(_store, CONFIG.ttl_seconds, CONFIG.local_cache_size, results=_results())
+    _batches = None
+    if CONFIG.scope != "event":
+        from .sources import batch as _batch
+
+        _batches = _batch.Runner(_cycle, _keys, CONFIG.require_key, user_handler)
+
+    def _remaining_ms(context: Any) -> int:
+        remaining = getattr(context, "get_remaining_time_in_millis", None)
+        return remaining() if remaining is not None else _LONGEST_INVOCATION_MS
 
     def handler(event: Any, context: Any) -> Any:  # type: ignore[misc]
+        try:
+            if _batches is not None:
+                batch = _batch.parse(event, required=CONFIG.scope == "record")
+                if batch is not None:
+                    return _batches.run(batch, event, context, _remaining_ms(context))
+            return _whole(event, context)
+        except BaseException as error:
+            # The runtime reports the traceback: drop the layer's frames (this one frame stays, as in any re-raise).
+            # A bare re-raise, not `from`: the user's __cause__ and __context__ stay as they were.
+            raise error.with_traceback(_without_layer_frames(error.__traceback__))  # noqa: B904
+
+    def _whole(event: Any, context: Any) -> Any:
         key = _keys.key(event)  # before the handler runs: a handler that mutates its event cannot move it
         if key is None:
             if CONFIG.require_key:
@@ -152,11 +173,4 @@ else:
                 CONFIG.key_jmespath or "@",
             )
             return user_handler(event, context)
-        remaining = getattr(context, "get_remaining_time_in_millis", None)
-        remaining_ms = remaining() if remaining is not None else _LONGEST_INVOCATION_MS
-        try:
-            return _cycle.run(key, partial(user_handler, event, context), remaining_ms).value
-        except BaseException as error:
-            # The runtime reports the traceback: drop the cycle's frames (this one frame stays, as in any re-raise).
-            # A bare re-raise, not `from`: the user's __cause__ and __context__ stay as they were.
-            raise error.with_traceback(_without_layer_frames(error.__traceback__))  # noqa: B904
+        return _cycle.run(key, partial(user_handler, event, context), _remaining_ms(context)).value

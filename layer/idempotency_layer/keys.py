@@ -167,7 +167,10 @@ class KeyDeriver:
         return event if self._select is None else self._select(event)
 
     def key(self, event: Any) -> str | None:
-        value = self.select(event)
+        return self.key_of(self.select(event))
+
+    def key_of(self, value: Any) -> str | None:
+        """The stored key for an already selected value, or None when it means 'no key'."""
         if is_empty(value):
             return None
         try:

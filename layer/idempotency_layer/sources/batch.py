@@ -1,0 +1,267 @@
+"""Batches from SQS, Kinesis and DynamoDB Streams: each record runs once, with a partial batch response.
+
+A redelivered batch is a new mix of records with new receipt handles, so no key of the whole event can
+work: every record gets its own key (its delivery identity, or the key expression applied to it). All keys
+are claimed before the handler runs, concurrently; the handler is called once with the records we claimed;
+its answer (`batchItemFailures`) decides which records are completed and which are released to run again.
+Records keep no result: a completed record only means "done".
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
+
+from .. import codec
+from ..cycle import Cycle
+from ..errors import IdempotencyAlreadyInProgressError, IdempotencyKeyError
+from ..keys import KeyDeriver
+from ..store import Record
+
+logger = logging.getLogger("idempotency_layer")
+
+# At most this many requests in flight for one batch: the transport's pool keeps this many connections.
+MAX_IN_FLIGHT = 10
+
+
+class Source(NamedTuple):
+    name: str
+    identifier: tuple[str, ...]  # where the record's itemIdentifier is, for batchItemFailures
+    identity: str  # the field that names one delivery, stable across redeliveries: the default key
+
+
+SOURCES = {
+    "aws:sqs": Source("SQS", ("messageId",), "messageId"),
+    "aws:kinesis": Source("Kinesis", ("kinesis", "sequenceNumber"), "eventID"),
+    "aws:dynamodb": Source("DynamoDB Streams", ("dynamodb", "SequenceNumber"), "eventID"),
+}
+
+
+class Batch(NamedTuple):
+    source: Source
+    records: list[Any]
+    identifiers: list[str]
+    fifo: bool  # an SQS FIFO queue: processing stops at the first record that cannot run now
+
+
+def _dig(record: dict[str, Any], path: tuple[str, ...]) -> Any:
+    value: Any = record
+    for name in path:
+        value = value.get(name) if isinstance(value, dict) else None
+    return value
+
+
+def parse(event: Any, required: bool) -> Batch | None:
+    """The batch `event` is, or None when it is not one (then `required` makes that an error).
+
+    A batch is a `Records` list whose first record's `eventSource` is `aws:sqs`, `aws:kinesis` or
+    `aws:dynamodb`; every record must then come from that source and carry its item identifier.
+    """
+    records = event.get("Records") if isinstance(event, dict) else None
+    first = records[0] if isinstance(records, list) and records else None
+    origin = first.get("eventSource") if isinstance(first, dict) else None
+    source = SOURCES.get(origin) if isinstance(origin, str) else None
+    if source is None:
+        if required:
+            raise IdempotencyKeyError(
+                "IDEMPOTENCY_SCOPE=record, but the event is not a batch from SQS, Kinesis or DynamoDB Streams "
+                "(a Records list whose eventSource is aws:sqs, aws:kinesis or aws:dynamodb); the handler did not run"
+            )
+        return None
+    assert isinstance(records, list)
+    identifiers = []
+    fifo = False
+    for index, record in enumerate(records):
+        if not isinstance(record, dict) or record.get("eventSource") != origin:
+            raise IdempotencyKeyError(
+                f"record {index} of the {source.name} batch is not a {origin} record: a batch holds records of one "
+                "source; the handler did not run"
+            )
+        identifier = _dig(record, source.identifier)
+        if not isinstance(identifier, str) or not identifier:
+            raise IdempotencyKeyError(
+                f"record {index} of the {source.name} batch has no {'.'.join(source.identifier)} (a non-empty "
+                "string), which its partial batch response needs; the handler did not run"
+            )
+        identifiers.append(identifier)
+        arn = record.get("eventSourceARN")
+        fifo = fifo or (source.name == "SQS" and isinstance(arn, str) and arn.endswith(".fifo"))
+    return Batch(source, records, identifiers, fifo)
+
+
+_INVALID = None  # what `handler_failures` returns for an answer Lambda would treat as a failed batch
+
+
+def handler_failures(value: Any, passed: Iterable[str]) -> set[str] | None:
+    """The item identifiers the handler reported as failed; None when its answer is not a valid partial batch
+    response (Lambda then treats the whole batch as failed)."""
+    if not isinstance(value, dict) or value.get("batchItemFailures") is None:
+        return set()
+    items = value["batchItemFailures"]
+    if not isinstance(items, list):
+        return _INVALID
+    known = set(passed)
+    failed = set()
+    for item in items:
+        identifier = item.get("itemIdentifier") if isinstance(item, dict) else None
+        if not isinstance(identifier, str) or identifier not in known:
+            return _INVALID
+        failed.add(identifier)
+    return failed
+
+
+class _Executor:
+    """Runs calls concurrently on a few threads kept for the life of the environment, created on first use."""
+
+    def __init__(self) -> None:
+        self._pool: Any = None
+
+    def map(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+        """`fn` of each item, in order; an exception is returned in its item's place, never raised."""
+
+        def call(item: Any) -> Any:
+            try:
+                return fn(item)
+            except Exception as error:
+                return error
+
+        if len(items) <= 1:
+            return [call(item) for item in items]
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor  # only functions fed batches pay for it
+
+            self._pool = ThreadPoolExecutor(MAX_IN_FLIGHT, thread_name_prefix="idempotency")
+        return list(self._pool.map(call, items))
+
+
+class Runner:
+    """Runs one handler call for a batch, each record's key claimed, completed or released by the cycle."""
+
+    def __init__(self, cycle: Cycle, keys: KeyDeriver, require_key: bool, handler: Callable[[Any, Any], Any]) -> None:
+        self.cycle = cycle
+        self.keys = keys
+        self.require_key = require_key
+        self.handler = handler
+        self._executor = _Executor()
+
+    def _key(self, batch: Batch, index: int) -> str | None:
+        record = batch.records[index]
+        if self.keys.expression is not None:
+            return self.keys.key(record)
+        identity = record.get(batch.source.identity)
+        if not isinstance(identity, str) or not identity:
+            raise IdempotencyKeyError(
+                f"record {index} of the {batch.source.name} batch has no {batch.source.identity}, its default key; "
+                "set IDEMPOTENCY_KEY_JMESPATH to key its records another way"
+            )
+        return self.keys.key_of(identity)
+
+    def run(self, batch: Batch, event: dict[str, Any], context: Any, remaining_ms: int) -> Any:
+        self.cycle.check()
+        count = len(batch.records)
+        keys: list[str | None] = [None] * count
+        blocked: set[int] = set()  # records that cannot run now: the layer reports them as failures
+        for index in range(count):
+            try:
+                keys[index] = self._key(batch, index)
+            except IdempotencyKeyError as error:
+                logger.warning("record %d of the batch has no usable key, reported as failed: %s", index, error)
+                blocked.add(index)
+                continue
+            if keys[index] is None:
+                if self.require_key:
+                    logger.warning(
+                        "IDEMPOTENCY_KEY_JMESPATH=%r selected nothing from record %d and IDEMPOTENCY_REQUIRE_KEY is "
+                        "true; reported as failed", self.keys.expression, index,
+                    )
+                    blocked.add(index)
+                else:
+                    logger.warning(
+                        "IDEMPOTENCY_KEY_JMESPATH=%r selected nothing from record %d; running it without idempotency",
+                        self.keys.expression, index,
+                    )
+
+        # One claim per distinct key, at its first record; later copies share that record's outcome.
+        first: dict[str, int] = {}
+        for index, key in enumerate(keys):
+            if key is not None and index not in blocked:
+                first.setdefault(key, index)
+        # A completed record is done, whatever ran it: a whole event with the same key did this operation too.
+        done = {key for key in first if self.cycle.cached(key) is not None}
+        to_claim = [key for key in first if key not in done]
+        owners: dict[str, str] = {}
+        busy: set[str] = set()
+        failure: Exception | None = None
+        claims = self._executor.map(lambda key: self.cycle.claim(key, remaining_ms), to_claim)
+        for key, claimed in zip(to_claim, claims, strict=True):
+            if isinstance(claimed, str):
+                owners[key] = claimed
+            elif isinstance(claimed, Record):
+                done.add(key)
+            elif isinstance(claimed, IdempotencyAlreadyInProgressError):
+                logger.info("%s; its record is reported as failed", claimed)
+                busy.add(key)
+            else:
+                failure = failure or claimed
+        if failure is not None:
+            # The table failed us (or the settings did) before any record ran: the whole batch comes back.
+            self._release(list(owners.items()))
+            raise failure
+
+        # Walk the records in order: each is passed to the handler, dropped as done, or reported as failed.
+        passed: list[int] = []
+        failed: list[int] = []
+        copies: list[int] = []  # later records of a passed key: they share its outcome
+        stopped = False
+        for index, key in enumerate(keys):
+            if stopped or index in blocked or key in busy:
+                failed.append(index)
+                stopped = stopped or batch.fifo  # FIFO: nothing after a record that cannot run now may run
+            elif key is None:
+                passed.append(index)
+            elif key in done:
+                continue
+            elif first[key] == index:
+                passed.append(index)
+            else:
+                copies.append(index)
+        passed_keys = {keys[index] for index in passed} - {None}
+        unused = [(key, owner) for key, owner in owners.items() if key not in passed_keys]
+        self._release(unused)  # FIFO: claims of records after the stop
+        owned = [(key, owners[key]) for key in passed_keys]  # type: ignore[index]
+
+        value: Any = None
+        if passed:
+            records = [batch.records[index] for index in passed]
+            call_event = event if len(records) == count else {**event, "Records": records}
+            try:
+                value = self.handler(call_event, context)
+            except BaseException:
+                self._release(owned)
+                raise
+            reported = handler_failures(value, (batch.identifiers[index] for index in passed))
+            if reported is _INVALID:
+                logger.error(
+                    "the handler's batchItemFailures is not a valid partial batch response (a list of "
+                    "{\"itemIdentifier\": <an identifier of a record it was given>}), which fails the whole batch; "
+                    "released every record it was given"
+                )
+                self._release(owned)
+                return value
+            failed_keys = {keys[index] for index in passed if batch.identifiers[index] in reported}
+            failed.extend(index for index in passed if batch.identifiers[index] in reported)
+            failed.extend(index for index in copies if keys[index] in failed_keys)
+            self._complete([(key, owner) for key, owner in owned if key not in failed_keys])
+            self._release([(key, owner) for key, owner in owned if key in failed_keys])
+        if not failed:
+            return value if passed else {"batchItemFailures": []}
+        items = [{"itemIdentifier": batch.identifiers[index]} for index in sorted(set(failed))]
+        return {**value, "batchItemFailures": items} if isinstance(value, dict) else {"batchItemFailures": items}
+
+    def _complete(self, claims: list[tuple[str, str]]) -> None:
+        done = codec.Encoded(codec.DONE, None)
+        self._executor.map(lambda claim: self.cycle.complete(claim[0], claim[1], done), claims)
+
+    def _release(self, claims: list[tuple[str, str]]) -> None:
+        self._executor.map(lambda claim: self.cycle.release(*claim), claims)
