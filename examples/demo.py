@@ -1,10 +1,12 @@
-"""./build.sh demo: the unmodified examples/orders handler, made exactly-once by the built layer, locally.
+"""./build.sh demo: the unmodified examples/orders handler and examples/shipments SQS consumer, made
+exactly-once by the built layer, locally.
 
 DynamoDB Local holds the records; AWS's Runtime Interface Emulator runs the handler the way the managed
 Python runtime does (AWS_LAMBDA_EXEC_WRAPPER=/opt/idempotency-wrapper, the layer unzipped as /opt). What
-ran is counted by the handler's own side effect: one line per placed order in ORDERS_FILE.
+ran is counted by the handlers' own side effects: one line per placed order in ORDERS_FILE, one line per
+shipped message in SHIPMENTS_FILE.
 
-Exits non-zero if an order was placed other than exactly once, so it doubles as a smoke test.
+Exits non-zero if an order was placed or shipped other than exactly once, so it doubles as a smoke test.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import boto3
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.support import downloads  # noqa: E402 (needs the repository root on the path)
+from tests.support import downloads, events  # noqa: E402 (needs the repository root on the path)
 from tests.support.dynamodb_local import DynamoDBLocal, create_table  # noqa: E402
 from tests.support.rie import LambdaEnvironment  # noqa: E402
 
@@ -62,6 +64,50 @@ def show(label: str, result: dict[str, Any]) -> str:
     return f"   {label}: confirmation={result['confirmation']} placedAt={result['placedAt']}"
 
 
+def shipped(shipments_file: Path) -> list[str]:
+    if not shipments_file.exists():
+        return []
+    return [json.loads(line)["orderId"] for line in shipments_file.read_text().splitlines()]
+
+
+def shipments_demo(make: Any, work: Path) -> int:
+    """3) The SQS consumer: a batch, a partial failure, the redeliveries; each message shipped once."""
+    shipments_file, outages = work / "shipments.log", work / "outages.txt"
+    env = make("shipments", {"SHIPMENTS_FILE": str(shipments_file), "OUTAGES_FILE": str(outages)})
+    orders = [("S-1", "berlin"), ("S-2", "lyon"), ("S-3", "berlin"), ("S-4", "lyon"), ("S-5", "berlin")]
+    queue = [events.json_message({"orderId": o, "warehouse": w, "items": [{"sku": "BOX-1", "qty": 1}]})
+             for o, w in orders]
+    by_id = {m.message_id: json.loads(m.body)["orderId"] for m in queue}
+    arn = events.queue_arn("shipments")
+
+    def deliver(label: str, messages: list[events.Message]) -> list[str]:
+        status, body, _ = env.invoke(events.sqs_event(messages, arn))
+        value = json.loads(body)
+        if status != 200 or (isinstance(value, dict) and "errorType" in value):
+            print(f"   {label}: ERROR {value.get('errorType')}")
+            return [m.message_id for m in messages]
+        failed = [item["itemIdentifier"] for item in (value or {}).get("batchItemFailures", [])]
+        names = ", ".join(by_id[m] for m in failed) or "none"
+        print(f"   {label}: {len(messages)} message(s) in, failures reported: {names}; shipped so far "
+              f"{len(shipped(shipments_file))}")
+        return failed
+
+    print("\n3) examples/shipments (an SQS consumer, no idempotency code): each message its own record")
+    outages.write_text("lyon\n")
+    print("   the lyon warehouse is down")
+    failed = deliver("batch of 5", queue)
+    outages.unlink()
+    print("   the lyon warehouse is back; the queue redelivers the failed messages")
+    deliver("redelivery of the failures", [m for m in queue if m.message_id in failed])
+    print("   a visibility timeout ran out under a slow consumer: the whole batch comes again, new receipt handles")
+    deliver("the whole batch again", queue)
+    lines = shipped(shipments_file)
+    counts = {o: lines.count(o) for o, _ in orders}
+    print(f"   {shipments_file.name}: {len(lines)} line(s); shipments per order: "
+          + ", ".join(f"{o}={n}" for o, n in counts.items()))
+    return sum(n != 1 for n in counts.values()) + (len(failed) != 2)
+
+
 def main() -> int:
     arch = "arm64" if platform.machine() in ("aarch64", "arm64") else "x86_64"
     zip_path = ROOT / "dist" / f"idempotency-layer-{arch}.zip"
@@ -73,6 +119,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="idempotency-demo-"))
     task_root, opt, orders_file = work / "task", work / "opt", work / "orders.log"
     shutil.copytree(ROOT / "examples" / "orders", task_root, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "examples" / "shipments", work / "shipments",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     unzip_layer(zip_path, opt)
 
     failures = 0
@@ -159,7 +207,18 @@ def main() -> int:
         print(
             f"\n{orders_file.name}: {len(lines)} line(s) for {len(set(lines))} distinct orders ({COPIES - 1} warm-ups)"
         )
-        print("demo: OK: every order placed exactly once" if not failures else "demo: FAILED")
+
+        def consumer(name: str, extra: dict[str, str]) -> LambdaEnvironment:
+            settings = {k: v for k, v in function_env.items() if k != "IDEMPOTENCY_KEY_JMESPATH"}  # per message
+            env = LambdaEnvironment(
+                python=runtimes[version], task_root=work / name, opt_dir=opt, log_path=work / f"rie-{name}.log",
+                env={**settings, **extra}, function_name=f"{name}-demo",
+            )
+            environments.append(env)
+            return env.start()
+
+        failures += shipments_demo(consumer, work)
+        print("\ndemo: OK: every order placed once, every message shipped once" if not failures else "demo: FAILED")
     except Exception:
         for env in environments:
             print(f"--- {env.log_path}\n{env.log_tail(3000)}", file=sys.stderr)

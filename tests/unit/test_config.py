@@ -21,6 +21,7 @@ def test_defaults():
     assert config.attributes.key == "id" and config.attributes.expires_at == "expires_at"
     assert config.attributes.sort_key is None and config.partition_value is None
     assert config.original_handler == "app.handler"
+    assert config.scope == "auto"
 
 
 def test_config_is_immutable():
@@ -51,6 +52,7 @@ def test_false_booleans(text):
         ("IDEMPOTENCY_READ_TIMEOUT", "fast", "seconds"),
         ("IDEMPOTENCY_TRANSPORT", "http2", "lean, boto3"),
         ("IDEMPOTENCY_LOG_LEVEL", "LOUD", "DEBUG, INFO, WARNING, ERROR"),
+        ("IDEMPOTENCY_SCOPE", "records", "auto, event, record"),
     ],
 )
 def test_bad_settings_name_variable_value_and_accepted(name, value, accepted):
@@ -144,8 +146,10 @@ def test_partition_value_needs_a_sort_key_and_fits_a_key():
 
 
 def test_choices_are_case_insensitive():
-    config = load({**BASE, "IDEMPOTENCY_TRANSPORT": "BOTO3", "IDEMPOTENCY_LOG_LEVEL": "debug"})
+    config = load({**BASE, "IDEMPOTENCY_TRANSPORT": "BOTO3", "IDEMPOTENCY_LOG_LEVEL": "debug",
+                   "IDEMPOTENCY_SCOPE": "Record"})
     assert config.transport == "boto3"
+    assert config.scope == "record"
     assert config.log_level == "DEBUG"
 
 

@@ -61,9 +61,14 @@ def test_table(template: dict[str, Any]) -> None:
     assert props["SSESpecification"]["SSEEnabled"] is True
 
 
+def functions(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {name: r["Properties"] for name, r in template["Resources"].items()
+            if r["Type"] == "AWS::Serverless::Function"}
+
+
 def test_function_environment_and_layer(template: dict[str, Any]) -> None:
-    _, fn = resource_of_type(template, "AWS::Serverless::Function")
-    assert (fn["CodeUri"], fn["Handler"], fn["Runtime"]) == ("examples/orders/", "app.handler", "python3.12")
+    _, fn = resource_of_type(template, "AWS::Serverless::Function", CodeUri="examples/orders/")
+    assert (fn["Handler"], fn["Runtime"]) == ("app.handler", "python3.12")
     x86_layer, _ = resource_of_type(template, "AWS::Serverless::LayerVersion", CompatibleArchitectures=["x86_64"])
     assert fn["Layers"] == [{"Ref": x86_layer}]
     env = fn["Environment"]["Variables"]
@@ -72,8 +77,31 @@ def test_function_environment_and_layer(template: dict[str, Any]) -> None:
     assert env["IDEMPOTENCY_KEY_JMESPATH"] == "orderId"
 
 
-def test_iam_is_exactly_four_item_actions_on_the_table(template: dict[str, Any]) -> None:
-    _, fn = resource_of_type(template, "AWS::Serverless::Function")
+def test_queue_consumer_reports_batch_item_failures_and_has_a_dead_letter_queue(template: dict[str, Any]) -> None:
+    _, fn = resource_of_type(template, "AWS::Serverless::Function", CodeUri="examples/shipments/")
+    assert fn["Handler"] == "app.handler"
+    x86_layer, _ = resource_of_type(template, "AWS::Serverless::LayerVersion", CompatibleArchitectures=["x86_64"])
+    assert fn["Layers"] == [{"Ref": x86_layer}]
+    env = fn["Environment"]["Variables"]
+    assert env["AWS_LAMBDA_EXEC_WRAPPER"] == "/opt/idempotency-wrapper"
+    assert env["IDEMPOTENCY_TABLE"] == {"Ref": table_name(template)}
+    assert "IDEMPOTENCY_KEY_JMESPATH" not in env and "IDEMPOTENCY_SCOPE" not in env  # per message by default
+    (event,) = fn["Events"].values()
+    assert event["Type"] == "SQS"
+    props = event["Properties"]
+    assert props["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+    assert 1 <= props["BatchSize"] <= 10
+    queue = template["Resources"][props["Queue"]["Fn::GetAtt"][0]]
+    assert queue["Type"] == "AWS::SQS::Queue"
+    assert queue["Properties"]["VisibilityTimeout"] >= 6 * fn["Timeout"]  # AWS's advice for Lambda consumers
+    redrive = queue["Properties"]["RedrivePolicy"]
+    dead_letter = template["Resources"][redrive["deadLetterTargetArn"]["Fn::GetAtt"][0]]
+    assert dead_letter["Type"] == "AWS::SQS::Queue" and redrive["maxReceiveCount"] >= 1
+
+
+@pytest.mark.parametrize("code", ["examples/orders/", "examples/shipments/"])
+def test_iam_is_exactly_four_item_actions_on_the_table(template: dict[str, Any], code: str) -> None:
+    _, fn = resource_of_type(template, "AWS::Serverless::Function", CodeUri=code)
     policies = fn["Policies"]
     # Inline statements only: no managed policy names, no SAM policy templates.
     assert all(isinstance(p, dict) and set(p) == {"Version", "Statement"} for p in policies), policies
@@ -86,6 +114,10 @@ def test_iam_is_exactly_four_item_actions_on_the_table(template: dict[str, Any])
     # cfn-lint does not catch a GetAtt on a misspelled resource here, so check it names the table.
     table = table_name(template)
     assert stmt["Resource"] in ({"Fn::GetAtt": [table, "Arn"]}, {"Fn::GetAtt": f"{table}.Arn"})
+
+
+def test_every_function_is_one_of_the_examples(template: dict[str, Any]) -> None:
+    assert sorted(fn["CodeUri"] for fn in functions(template).values()) == ["examples/orders/", "examples/shipments/"]
 
 
 def test_outputs(template: dict[str, Any]) -> None:

@@ -75,7 +75,7 @@ def parse(event: Any, required: bool) -> Batch | None:
     for index, record in enumerate(records):
         if not isinstance(record, dict) or record.get("eventSource") != origin:
             raise IdempotencyKeyError(
-                f"record {index} of the {source.name} batch is not a {origin} record: a batch holds records of one "
+                f"record {index} of the {source.name} batch is not an {origin} record: a batch holds records of one "
                 "source; the handler did not run"
             )
         identifier = _dig(record, source.identifier)

@@ -1,0 +1,24 @@
+"""./build.sh demo's script runs clean on the built layer: it is the README's walkthrough, so it must work."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.rie import ensure_layer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_demo_places_every_order_and_ships_every_message_once() -> None:
+    ensure_layer()
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "demo.py")], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    out = proc.stdout
+    assert "placed 1 time(s); call 2 replayed call 1" in out
+    assert "failures reported: S-2, S-4; shipped so far 3" in out
+    assert "the whole batch again: 5 message(s) in, failures reported: none; shipped so far 5" in out
+    assert "shipments per order: S-1=1, S-2=1, S-3=1, S-4=1, S-5=1" in out
+    assert out.rstrip().endswith("demo: OK: every order placed once, every message shipped once")
