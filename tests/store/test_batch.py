@@ -219,6 +219,19 @@ def test_records_without_a_key_follow_require_key(store):
     assert deliver(run, events.sqs_event([plain])) is None
     assert deliver(run, events.sqs_event([plain])) is None
     assert consumer.runs == ["plain", "plain"]  # unguarded: it runs each time
+    # An expression that cannot be applied is not "no key": the record is reported, whatever the setting.
+    response = deliver(run, events.sqs_event([not_json, plain]))
+    assert failed_ids(response) == [not_json.message_id]
+    assert consumer.runs == ["plain", "plain", "plain"]
+
+
+def test_a_record_without_its_default_key_is_reported_and_the_rest_run(store):
+    consumer = Consumer()
+    records = [events.kinesis_record({"id": "k1"}), events.kinesis_record({"id": "k2"})]
+    del records[0]["eventID"]
+    response = deliver(runner(store, consumer), events.stream_event(records))
+    assert failed_ids(response) == [records[0]["kinesis"]["sequenceNumber"]]
+    assert consumer.runs == ["k2"]
 
 
 def test_kinesis_and_dynamodb_streams_report_sequence_numbers(store):
