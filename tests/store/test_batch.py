@@ -225,6 +225,30 @@ def test_records_without_a_key_follow_require_key(store):
     assert consumer.runs == ["plain", "plain", "plain"]
 
 
+@pytest.mark.parametrize("require_key", [False, True])
+def test_an_expression_written_for_the_whole_event_is_refused_not_run_unguarded(store, proxy, require_key):
+    consumer = Consumer()
+    run = runner(store, consumer, "Records[0].messageId", require_key=require_key)
+    proxy.reset()
+    with pytest.raises(IdempotencyKeyError, match=r"selects nothing from any record of this SQS batch but selects a"):
+        deliver(run, events.sqs_event(messages(2, "whole-expr")))
+    assert consumer.runs == [] and proxy.snapshot()[0] == {}
+    # Nothing from any record and nothing from the whole event either: the setting decides (here: unguarded).
+    run = runner(store, consumer, "json_parse(body).order", require_key=False)
+    assert deliver(run, events.sqs_event(messages(2, "no-order"))) is None
+    assert consumer.runs == ["no-order-0", "no-order-1"]
+
+
+def test_a_message_delivered_twice_in_one_batch_is_reported_once(store):
+    consumer = Consumer()
+    message = events.json_message({"id": "twice", "fail": True})
+    event = events.sqs_event([message])
+    event["Records"].append(dict(event["Records"][0]))
+    response = deliver(runner(store, consumer), event)
+    assert response == {"batchItemFailures": [{"itemIdentifier": message.message_id}]}
+    assert consumer.runs == ["twice"]
+
+
 def test_a_record_without_its_default_key_is_reported_and_the_rest_run(store):
     consumer = Consumer()
     records = [events.kinesis_record({"id": "k1"}), events.kinesis_record({"id": "k2"})]

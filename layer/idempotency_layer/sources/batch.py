@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from .. import codec
 from ..cycle import Cycle
 from ..errors import IdempotencyAlreadyInProgressError, IdempotencyKeyError
-from ..keys import KeyDeriver
+from ..keys import KeyDeriver, is_empty
 from ..store import Record
 
 logger = logging.getLogger("idempotency_layer")
@@ -162,6 +162,7 @@ class Runner:
         count = len(batch.records)
         keys: list[str | None] = [None] * count
         blocked: set[int] = set()  # records that cannot run now: the layer reports them as failures
+        nothing: list[int] = []  # records the expression selected nothing from
         for index in range(count):
             try:
                 keys[index] = self._key(batch, index)
@@ -170,17 +171,21 @@ class Runner:
                 blocked.add(index)
                 continue
             if keys[index] is None:
-                if self.require_key:
-                    logger.warning(
-                        "IDEMPOTENCY_KEY_JMESPATH=%r selected nothing from record %d and IDEMPOTENCY_REQUIRE_KEY is "
-                        "true; reported as failed", self.keys.expression, index,
-                    )
-                    blocked.add(index)
-                else:
-                    logger.warning(
-                        "IDEMPOTENCY_KEY_JMESPATH=%r selected nothing from record %d; running it without idempotency",
-                        self.keys.expression, index,
-                    )
+                nothing.append(index)
+        if nothing and len(nothing) == count:
+            self._refuse_a_whole_event_expression(batch, event)
+        for index in nothing:
+            if self.require_key:
+                logger.warning(
+                    "IDEMPOTENCY_KEY_JMESPATH=%r selected nothing from record %d and IDEMPOTENCY_REQUIRE_KEY is true; "
+                    "reported as failed", self.keys.expression, index,
+                )
+                blocked.add(index)
+            else:
+                logger.warning(
+                    "IDEMPOTENCY_KEY_JMESPATH=%r selected nothing from record %d; running it without idempotency",
+                    self.keys.expression, index,
+                )
 
         # One claim per distinct key, at its first record; later copies share that record's outcome.
         first: dict[str, int] = {}
@@ -256,8 +261,25 @@ class Runner:
             self._release([(key, owner) for key, owner in owned if key in failed_keys])
         if not failed:
             return value if passed else {"batchItemFailures": []}
-        items = [{"itemIdentifier": batch.identifiers[index]} for index in sorted(set(failed))]
+        # One entry per identifier: a message delivered twice in one batch is reported once.
+        identifiers = dict.fromkeys(batch.identifiers[index] for index in sorted(set(failed)))
+        items = [{"itemIdentifier": identifier} for identifier in identifiers]
         return {**value, "batchItemFailures": items} if isinstance(value, dict) else {"batchItemFailures": items}
+
+    def _refuse_a_whole_event_expression(self, batch: Batch, event: dict[str, Any]) -> None:
+        """An expression that selects nothing from any record but something from the whole event was written
+        for the whole event (`Records[0].messageId`): running the records unguarded would run them twice."""
+        try:
+            whole = self.keys.select(event)
+        except IdempotencyKeyError:
+            return
+        if not is_empty(whole):
+            raise IdempotencyKeyError(
+                f"IDEMPOTENCY_KEY_JMESPATH={self.keys.expression!r} selects nothing from any record of this "
+                f"{batch.source.name} batch but selects a value from the whole event: under IDEMPOTENCY_SCOPE=auto "
+                "or record it is applied to each record (write it for one record, e.g. json_parse(body).orderId), "
+                "or set IDEMPOTENCY_SCOPE=event to key the whole event; the handler did not run"
+            )
 
     def _complete(self, claims: list[tuple[str, str]]) -> None:
         done = codec.Encoded(codec.DONE, None)
