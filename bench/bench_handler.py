@@ -2,15 +2,21 @@
 
 Its result is deterministic (so replays can be checked against it) and sized by the event's `size`: a small
 order confirmation, or one with order lines adding up to about 1 KB or 100 KB of JSON.
+
+`consumer` is the SQS batch rows' function: a plain consumer that processes every record of
+`event["Records"]` (`process`, one message's work, which Powertools' record handler calls too) and reports
+no failures. `EXECUTIONS` counts each order's work: the side effect the bench checks happened once.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from typing import Any
 
 RUNS = 0  # how often the body ran: a replay must not move it
+EXECUTIONS: Counter[str] = Counter()  # order id -> how often its message's work ran (SQS batch rows)
 TARGET_BYTES = {"small": 0, "1k": 1_000, "100k": 100_000}
 _LINES: dict[str, list[dict[str, Any]]] = {}
 _WORDS = ("mug", "book", "lamp", "chair", "desk", "pen", "bag", "cable", "plant", "clock", "shirt", "kettle")
@@ -41,3 +47,18 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     global RUNS
     RUNS += 1
     return {"orderId": event.get("orderId"), "status": "placed", "lines": lines(event.get("size", "small"))}
+
+
+def process(body: str) -> None:
+    """One SQS message's work: the order in its body is placed (counted once per run)."""
+    global RUNS
+    order = json.loads(body)
+    EXECUTIONS[order["orderId"]] += 1
+    RUNS += 1
+
+
+def consumer(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    """An SQS consumer with ReportBatchItemFailures and no idempotency code: every record, none failed."""
+    for record in event["Records"]:
+        process(record["body"])
+    return {"batchItemFailures": []}

@@ -22,6 +22,7 @@ CREDENTIALS = {
     "AWS_DEFAULT_REGION": "us-east-1",
 }
 _ITEMS = [{"sku": "BOOK-42", "quantity": 1}, {"sku": "MUG-7", "quantity": 2}]
+SQS_BATCH = 10  # messages per SQS batch on the batch rows (Lambda's default batch size for SQS)
 
 
 def event(namespace: str, index: int, size: str = "small", keyed: bool = True) -> dict[str, Any]:
@@ -53,13 +54,23 @@ SYSTEMS: dict[str, tuple[str, dict[str, Any]]] = {
     "powertools": ("powertools", {"cache": False}),
     "layer+cache": ("layer", {"transport": "lean", "cache": CACHE_ITEMS}),
     "powertools+cache": ("powertools", {"cache": True}),
+    # The SQS batch rows: an unmodified consumer under the layer's default (record) scope, and Powertools'
+    # BatchProcessor with idempotent_function per record; both keyed by each message's messageId.
+    "layer-sqs": ("layer", {"transport": "lean", "cache": 0, "batch": True}),
+    "powertools-sqs": ("powertools", {"cache": False, "batch": True}),
 }
 
 
-def layer_env(table: str, endpoint: str, transport: str = "lean", cache: int = 0) -> dict[str, str]:
-    """The layer's settings, as a function would have them (the wrapper sets IDEMPOTENCY_ORIGINAL_HANDLER)."""
-    return {
-        "IDEMPOTENCY_ORIGINAL_HANDLER": "bench_handler.handler",
+def layer_env(
+    table: str, endpoint: str, transport: str = "lean", cache: int = 0, batch: bool = False
+) -> dict[str, str]:
+    """The layer's settings, as a function would have them (the wrapper sets IDEMPOTENCY_ORIGINAL_HANDLER).
+
+    `batch`: the SQS consumer, with no key expression and no IDEMPOTENCY_SCOPE, so the layer's defaults apply:
+    an SQS batch runs per record, each keyed by its messageId.
+    """
+    env = {
+        "IDEMPOTENCY_ORIGINAL_HANDLER": "bench_handler.consumer" if batch else "bench_handler.handler",
         "IDEMPOTENCY_TABLE": table,
         "IDEMPOTENCY_KEY_JMESPATH": KEY_JMESPATH,
         "IDEMPOTENCY_KEY_PREFIX": KEY_PREFIX,
@@ -68,6 +79,9 @@ def layer_env(table: str, endpoint: str, transport: str = "lean", cache: int = 0
         "IDEMPOTENCY_TRANSPORT": transport,
         "AWS_ENDPOINT_URL_DYNAMODB": endpoint,
     }
+    if batch:
+        del env["IDEMPOTENCY_KEY_JMESPATH"]
+    return env
 
 
 def base_env(endpoint: str) -> dict[str, str]:
@@ -98,6 +112,39 @@ def make_powertools(table: str, cache: bool, handler: Any) -> Any:
         raise_on_no_idempotency_key=False,  # the layer's IDEMPOTENCY_REQUIRE_KEY=false: pass through
     )
     return idempotent(persistence_store=persistence, config=config, key_prefix=KEY_PREFIX)(handler)
+
+
+def make_powertools_batch(table: str, cache: bool, work: Any) -> Any:
+    """Powertools' documented SQS batch + idempotency: BatchProcessor, process_partial_response, and
+    idempotent_function on the record handler, keyed by messageId; TTL, prefix and cache as make_powertools.
+    `work(body)` is one message's work, the same function the layer's consumer calls per record."""
+    from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
+    from aws_lambda_powertools.utilities.idempotency import (
+        DynamoDBPersistenceLayer,
+        IdempotencyConfig,
+        idempotent_function,
+    )
+
+    processor = BatchProcessor(event_type=EventType.SQS)
+    persistence = DynamoDBPersistenceLayer(table_name=table)
+    config = IdempotencyConfig(
+        event_key_jmespath="messageId",
+        expires_after_seconds=TTL_SECONDS,
+        use_local_cache=cache,
+        local_cache_max_items=CACHE_ITEMS,
+    )
+
+    @idempotent_function(data_keyword_argument="record", config=config, persistence_store=persistence,
+                         key_prefix=KEY_PREFIX)
+    def record_handler(record: Any) -> None:
+        work(record.body)
+
+    def lambda_handler(event: dict[str, Any], context: Any) -> Any:
+        config.register_lambda_context(context)
+        return process_partial_response(event=event, context=context, processor=processor,
+                                        record_handler=record_handler)
+
+    return lambda_handler
 
 
 def python() -> str:

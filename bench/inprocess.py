@@ -4,6 +4,10 @@ Only one worker runs at a time (the machine has two shared cores, and DynamoDB L
 them too). Each batch goes to every system in turn, the order rotated per batch, so drift in the machine's
 load spreads over all systems alike. The counting proxy is reset before each batch and read after it, so its
 counts belong to that batch's system alone.
+
+The SQS rows invoke SQS batches (each invocation one batch of SQS_BATCH messages) on their own two workers:
+an unmodified consumer under the layer, and Powertools' batch processor with idempotent_function per record.
+A worker that finds a message's work ran other than once stops the bench (RuntimeError).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from tests.support.counting_proxy import CountingProxy
 
 MAIN = ("bare", "layer", "layer-boto3", "powertools")
 CACHED = ("bare", "layer+cache", "powertools+cache")
+SQS = ("layer-sqs", "powertools-sqs")
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,7 @@ class Path_:
     keyed: bool = True
     systems: tuple[str, ...] = MAIN
     prime: bool = False  # run each event once, unmeasured, just before measuring it (cache hits)
+    sqs: str | None = None  # "new" or "redelivery": each invocation is an SQS batch (see worker.run_sqs)
 
 
 PATHS = (
@@ -41,6 +47,8 @@ PATHS = (
     Path_("replay_1k", "1k", "1k"),
     Path_("first_100k", "100k", "100k"),
     Path_("replay_100k", "100k", "100k"),
+    Path_("sqs_new", "sqs", systems=SQS, sqs="new"),
+    Path_("sqs_dup", "sqs", systems=SQS, sqs="redelivery"),
 )
 
 
@@ -78,10 +86,14 @@ class Worker:
 
     def run(self, path: Path_, start: int, n: int) -> dict[str, Any]:
         assert self.process.stdin is not None
-        command = {"op": "run", "ns": path.namespace, "size": path.size, "keyed": path.keyed, "start": start, "n": n}
+        command = {"op": "run", "ns": path.namespace, "size": path.size, "keyed": path.keyed, "start": start, "n": n,
+                   "sqs": path.sqs}
         self.process.stdin.write(json.dumps(command) + "\n")
         self.process.stdin.flush()
-        return self._read()
+        answer = self._read()
+        if "fatal" in answer:
+            raise RuntimeError(f"{self.system}, path {path.name}: {answer['fatal']}")
+        return answer
 
     def close(self) -> None:
         if self.process.poll() is None:

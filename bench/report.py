@@ -17,7 +17,8 @@ from stats import mean_ms, median_ms, percentile_ms, ratio
 PACKAGES = ("boto3", "botocore", "orjson", "aws-lambda-powertools", "urllib3", "jmespath", "awslambdaric",
             "matplotlib")
 # Which system is "this layer" and which is Powertools, per path (cache hits need the cache-on workers).
-PAIRS = {"cache_hit": ("layer+cache", "powertools+cache")}
+PAIRS = {"cache_hit": ("layer+cache", "powertools+cache"), "sqs_new": ("layer-sqs", "powertools-sqs"),
+         "sqs_dup": ("layer-sqs", "powertools-sqs")}
 PATH_LABELS = {
     "first": "first execution",
     "replay": "replay",
@@ -27,6 +28,8 @@ PATH_LABELS = {
     "replay_1k": "replay, 1 KB result",
     "first_100k": "first execution, 100 KB result",
     "replay_100k": "replay, 100 KB result",
+    "sqs_new": "SQS batch of 10, new",
+    "sqs_dup": "SQS batch of 10, redelivered",
 }
 EXPECTED_REQUESTS = {"first": 2, "replay": 1, "cache_hit": 0, "no_key": 0}
 MB = 1024 * 1024
@@ -194,7 +197,9 @@ def render(summary: dict[str, Any], markdown: bool = False, cprofile: bool = Tru
     versions = ", ".join(f"{k} {v}" for k, v in meta["packages"].items() if v)
     parts.append(f"{meta['date']}; {meta['cpu']}, {meta['cores']} cores; Python {meta['python']}; {versions}")
     parts.append(f"{meta['iterations']} measured invocations per path and system after {meta['warmup']} warm-up, "
-                 "systems interleaved in batches of 10; medians unless p95")
+                 "systems interleaved in batches of 10; medians unless p95"
+                 + (f"; an SQS row's invocation is one batch of {meta['sqs_batch']} messages, its figures per batch"
+                    if meta.get("sqs_batch") else ""))
 
     # 1. Headline: this layer (lean transport) against Powertools, per path, with ratio columns.
     header = ["path", "CPU ms layer", "CPU ms PT", "CPU ratio", "wall p50 layer", "wall p50 PT", "wall ratio",
@@ -207,7 +212,8 @@ def render(summary: dict[str, Any], markdown: bool = False, cprofile: bool = Tru
                      _fmt(a["wall_p50_ms"]), _fmt(b["wall_p50_ms"]), _ratio_cell(r["wall_p50_ms"]),
                      _ratio_cell(r["wall_p95_ms"]), _fmt(a["requests"], 2), _fmt(b["requests"], 2),
                      _fmt(a["bytes_sent"], 0), _fmt(b["bytes_sent"], 0), _ratio_cell(r["bytes_sent"])])
-    parts.append("\nThis layer (lean transport) / Powertools @idempotent, in-process, per invocation")
+    parts.append("\nThis layer (lean transport) / Powertools @idempotent, in-process, per invocation (SQS rows: "
+                 "layer-sqs / powertools-sqs, per batch)")
     parts.append(_table(header, rows, markdown))
 
     # 2. Every system, every figure.
@@ -221,7 +227,8 @@ def render(summary: dict[str, Any], markdown: bool = False, cprofile: bool = Tru
             rows.append([entry["label"], system, _fmt(f["wall_p50_ms"]), _fmt(f["wall_p95_ms"]),
                          _fmt(f["cpu_p50_ms"]), _fmt(f["cpu_mean_ms"]), f"{_fmt(f['requests'], 2)} ({ops})",
                          _fmt(f["bytes_sent"], 0), _fmt(f["handler_runs"], 2), _ratio_cell(ratio(f["cpu_p50_ms"], pt))])
-    parts.append("\nAll systems (bare = the handler alone; layer-boto3 = IDEMPOTENCY_TRANSPORT=boto3)")
+    parts.append("\nAll systems (bare = the handler alone; layer-boto3 = IDEMPOTENCY_TRANSPORT=boto3; SQS rows: "
+                 "handler runs = records whose work ran, per batch)")
     parts.append(_table(header, rows, markdown))
     wrong = [(p, s) for p, e in summary["paths"].items() for s, f in e["systems"].items() if f["wrong_results"]]
     if wrong:
@@ -308,6 +315,18 @@ How it was measured, and where the systems differ:
   its bytes ratio). Bytes count what clients send, not what they receive.
 - `layer` is the default lean transport; `layer-boto3` is `IDEMPOTENCY_TRANSPORT=boto3`, the same boto3 client
   Powertools uses.
+- SQS rows: one invocation is one batch of 10 messages built by `tests/support/events.py` as Lambda sends
+  them (bodies are the small rows' orders); "redelivered" is the same 10 messages again, same messageIds and
+  new receipt handles. `layer-sqs` is the layer's defaults (no key expression, no `IDEMPOTENCY_SCOPE`: an SQS
+  batch runs per record, keyed by messageId, lean transport) around `bench_handler.consumer`, which processes
+  each record of `event["Records"]`. `powertools-sqs` is Powertools' documented batch + idempotency code:
+  `BatchProcessor(EventType.SQS)` and `process_partial_response` around a record handler decorated with
+  `idempotent_function(data_keyword_argument="record")`, `IdempotencyConfig(event_key_jmespath="messageId")`,
+  same TTL, prefix and table layout as its other rows; its record handler calls the consumer's per-record work
+  and returns None. The layer claims a batch's records concurrently (up to 10 requests in flight) and calls the
+  consumer once; Powertools runs its records one after another. Figures are per batch (CPU includes the
+  layer's worker threads). After every batch each message's work must have run exactly once (counted by the
+  work itself), else the bench stops.
 - In-process there is no runtime to marshal results, so the layer does no marshal check there. Under the
   runtime it marshals a fresh result once with the runtime's own encoder, to refuse what cannot be marshalled,
   and hands the text back as raw JSON, so the runtime does not encode it again: the end-to-end rows measure
@@ -419,7 +438,7 @@ def chart(summary: dict[str, Any], path: Path) -> None:
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels, rotation=25, ha="right", fontsize=8)
     ax.set_ylabel("this layer / Powertools (lower is better)")
-    ax.set_title("per invocation, in-process", fontsize=9)
+    ax.set_title("per invocation, in-process (an SQS row's invocation: one batch of 10 messages)", fontsize=9)
     ax.legend(fontsize=8)
     if init:
         side = axes[0][1]

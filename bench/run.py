@@ -22,7 +22,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # tests.support
 
 import inprocess
 import report
-from common import BENCH, CREDENTIALS, SYSTEMS
+from common import BENCH, CREDENTIALS, SQS_BATCH, SYSTEMS
 
 from tests.support.counting_proxy import CountingProxy
 from tests.support.dynamodb_local import DynamoDBLocal, create_table
@@ -41,6 +41,8 @@ def _tables(endpoint: str) -> dict[str, str]:
         if kind != "bare":  # each library's own record layout and TTL attribute, one table per worker
             create_table(client, name, ttl_attr="expiration" if kind == "powertools" else "expires_at")
         tables[system] = name
+    # The init probes' table (bench/initbench.py): the layer checks its table's key schema at init.
+    create_table(client, "bench-init", ttl_attr="expires_at")
     return tables
 
 
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     meta = report.machine()
     meta.update(iterations=iterations, warmup=warmup, init_samples=init_samples, e2e_iterations=e2e_iterations,
-                quick=args.quick)
+                quick=args.quick, sqs_batch=SQS_BATCH)
     results: dict = {"meta": meta}
     with tempfile.TemporaryDirectory(prefix="idempotency-bench-") as tmp:
         log = Path(tmp) / "bench.log"
