@@ -148,6 +148,20 @@ def test_kinesis_reports_sequence_numbers_and_keys_by_event_id(
     assert [executions.count(m) for m in marks] == [1, 2, 1]
 
 
+def test_a_shard_stops_at_a_record_without_a_usable_key(
+        primary: str, environments: Environments, shared_table: str, executions: Executions) -> None:
+    env = consumer(environments, primary, shared_table,
+                   {"IDEMPOTENCY_KEY_JMESPATH": "json_parse(base64_decode(kinesis.data)).marker"})
+    marks = [marker() for _ in range(3)]
+    records = [events.kinesis_record({"marker": m}) for m in marks]
+    broken = events.kinesis_record({"marker": "unused"})
+    broken["kinesis"]["data"] = "bm90IGpzb24="  # base64 of "not json": the key expression cannot be applied
+    batch_ = [records[0], broken, records[1], records[2]]
+    reported = failed(env.invoke(events.stream_event(batch_)))
+    assert reported == [r["kinesis"]["sequenceNumber"] for r in batch_[1:]]
+    assert [executions.count(m) for m in marks] == [1, 0, 0]  # nothing after it ran before it
+
+
 def test_dynamodb_streams_reports_sequence_numbers(
         primary: str, environments: Environments, shared_table: str, executions: Executions) -> None:
     env = consumer(environments, primary, shared_table)

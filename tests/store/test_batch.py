@@ -251,11 +251,57 @@ def test_a_message_delivered_twice_in_one_batch_is_reported_once(store):
 
 def test_a_record_without_its_default_key_is_reported_and_the_rest_run(store):
     consumer = Consumer()
-    records = [events.kinesis_record({"id": "k1"}), events.kinesis_record({"id": "k2"})]
-    del records[0]["eventID"]
+    records = [events.kinesis_record({"id": "k0"}), events.kinesis_record({"id": "k1"})]
+    del records[1]["eventID"]
     response = deliver(runner(store, consumer), events.stream_event(records))
-    assert failed_ids(response) == [records[0]["kinesis"]["sequenceNumber"]]
-    assert consumer.runs == ["k2"]
+    assert failed_ids(response) == [records[1]["kinesis"]["sequenceNumber"]]
+    assert consumer.runs == ["k0"]
+
+
+def test_a_shard_stops_at_the_first_record_that_cannot_run_so_its_order_holds(store, proxy):
+    consumer = Consumer()
+    run = runner(store, consumer)
+    records = [events.kinesis_record({"id": f"shard-{i}"}) for i in range(4)]
+    del records[1]["eventID"]  # no usable key
+    response = deliver(run, events.stream_event(records))
+    assert failed_ids(response) == [r["kinesis"]["sequenceNumber"] for r in records[1:]]
+    assert consumer.runs == ["shard-0"]  # nothing after the blocked record ran before it
+    streams = [events.dynamodb_record(f"image-{i}") for i in range(3)]
+    in_progress_elsewhere(store, run.keys.key_of(streams[1]["eventID"]))
+    response = deliver(run, events.stream_event(streams))
+    assert failed_ids(response) == [r["dynamodb"]["SequenceNumber"] for r in streams[1:]]
+    assert consumer.runs == ["shard-0", "image-0"]
+    assert store.get(run.keys.key_of(streams[2]["eventID"])) is None  # claimed, then released
+
+
+def test_kinesis_records_of_two_streams_with_the_same_event_id_are_two_records(store):
+    consumer = Consumer()
+    run = runner(store, consumer)
+    first = events.kinesis_record({"id": "stream-a"}, sequence="4955", stream="a")
+    second = events.kinesis_record({"id": "stream-b"}, sequence="4955", stream="b")
+    assert first["eventID"] == second["eventID"]
+    deliver(run, events.stream_event([first]))
+    deliver(run, events.stream_event([second]))
+    assert consumer.runs == ["stream-a", "stream-b"]
+
+
+def test_the_handler_may_name_any_record_of_the_batch_as_lambda_allows(store):
+    consumer_runs = []
+    run_done = runner(store, Consumer())
+    done, new, busy = messages(3, "named")
+    deliver(run_done, events.sqs_event([done]))
+    in_progress_elsewhere(store, run_done.keys.key_of(busy.message_id))
+
+    def consumer(event, context):
+        consumer_runs.extend(r["messageId"] for r in event["Records"])
+        return {"batchItemFailures": [{"itemIdentifier": done.message_id}]}  # a record it was not given
+
+    run = runner(store, consumer)
+    response = deliver(run, events.sqs_event([done, new, busy]))
+    assert consumer_runs == [new.message_id]
+    # Valid for Lambda: the layer keeps its own failure (busy) and the handler's; the new record is done.
+    assert failed_ids(response) == [done.message_id, busy.message_id]
+    assert store.get(run.keys.key_of(new.message_id)).status == "COMPLETED"
 
 
 def test_kinesis_and_dynamodb_streams_report_sequence_numbers(store):
@@ -269,8 +315,8 @@ def test_kinesis_and_dynamodb_streams_report_sequence_numbers(store):
     streams = [events.dynamodb_record("d0"), events.dynamodb_record("d1")]
     in_progress_elsewhere(store, run.keys.key_of(streams[0]["eventID"]))
     response = deliver(run, events.stream_event(streams))
-    assert failed_ids(response) == [streams[0]["dynamodb"]["SequenceNumber"]]
-    assert consumer.runs[-1] == "d1"
+    assert failed_ids(response) == [r["dynamodb"]["SequenceNumber"] for r in streams]  # a shard stops there
+    assert consumer.runs == ["k0", "k1", "k1"]
 
 
 def failed_ids_response(*ids: str) -> dict[str, Any]:

@@ -23,23 +23,24 @@ def test_an_sqs_batch_is_parsed_with_its_message_ids():
     assert parsed is not None
     assert parsed.source.name == "SQS"
     assert parsed.identifiers == [m.message_id for m in messages]
-    assert parsed.fifo is False
+    assert parsed.ordered is False
 
 
 def test_a_fifo_queue_is_told_by_its_arn():
     event = events.sqs_event([events.json_message({"n": 1}, group="g")], events.queue_arn("orders", fifo=True))
     parsed = batch.parse(event, required=False)
-    assert parsed is not None and parsed.fifo is True
+    assert parsed is not None and parsed.ordered is True
 
 
 def test_kinesis_and_dynamodb_streams_are_identified_by_sequence_number():
     kinesis = events.stream_event([events.kinesis_record({"n": 1}, sequence="111"), events.kinesis_record({"n": 2})])
     parsed = batch.parse(kinesis, required=False)
     assert parsed is not None and parsed.source.name == "Kinesis" and parsed.identifiers[0] == "111"
-    assert parsed.source.identity == "eventID"
+    assert parsed.source.identity == ("eventSourceARN", "eventID") and parsed.ordered is True
     streams = events.stream_event([events.dynamodb_record("m", sequence="222")])
     parsed = batch.parse(streams, required=False)
     assert parsed is not None and parsed.source.name == "DynamoDB Streams" and parsed.identifiers == ["222"]
+    assert parsed.ordered is True  # a shard: records are applied in order
 
 
 @pytest.mark.parametrize(
@@ -65,6 +66,13 @@ def test_a_batch_mixing_sources_is_refused_naming_the_record():
     event = events.sqs_event([events.json_message({"n": 1})])
     event["Records"].append(events.kinesis_record({"n": 2}))
     with pytest.raises(IdempotencyKeyError, match="record 1 of the SQS batch is not an aws:sqs record"):
+        batch.parse(event, required=False)
+
+
+def test_any_record_naming_a_known_source_makes_it_a_batch_of_that_source():
+    event = events.sqs_event([events.json_message({"n": 1})])
+    event["Records"].insert(0, {"body": "no eventSource"})
+    with pytest.raises(IdempotencyKeyError, match="record 0 of the SQS batch is not an aws:sqs record"):
         batch.parse(event, required=False)
 
 

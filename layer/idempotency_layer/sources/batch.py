@@ -28,13 +28,15 @@ MAX_IN_FLIGHT = 10
 class Source(NamedTuple):
     name: str
     identifier: tuple[str, ...]  # where the record's itemIdentifier is, for batchItemFailures
-    identity: str  # the field that names one delivery, stable across redeliveries: the default key
+    identity: tuple[str, ...]  # the fields that name one delivery, stable across redeliveries: the default key
+    ordered: bool  # records are applied in order (a shard), so nothing may run after one that cannot run now
 
 
 SOURCES = {
-    "aws:sqs": Source("SQS", ("messageId",), "messageId"),
-    "aws:kinesis": Source("Kinesis", ("kinesis", "sequenceNumber"), "eventID"),
-    "aws:dynamodb": Source("DynamoDB Streams", ("dynamodb", "SequenceNumber"), "eventID"),
+    "aws:sqs": Source("SQS", ("messageId",), ("messageId",), False),
+    # Kinesis sequence numbers are unique within a stream, and shard ids repeat across streams: key by both.
+    "aws:kinesis": Source("Kinesis", ("kinesis", "sequenceNumber"), ("eventSourceARN", "eventID"), True),
+    "aws:dynamodb": Source("DynamoDB Streams", ("dynamodb", "SequenceNumber"), ("eventID",), True),
 }
 
 
@@ -42,7 +44,7 @@ class Batch(NamedTuple):
     source: Source
     records: list[Any]
     identifiers: list[str]
-    fifo: bool  # an SQS FIFO queue: processing stops at the first record that cannot run now
+    ordered: bool  # a shard or an SQS FIFO queue: processing stops at the first record that cannot run now
 
 
 def _dig(record: dict[str, Any], path: tuple[str, ...]) -> Any:
@@ -59,9 +61,14 @@ def parse(event: Any, required: bool) -> Batch | None:
     `aws:dynamodb`; every record must then come from that source and carry its item identifier.
     """
     records = event.get("Records") if isinstance(event, dict) else None
-    first = records[0] if isinstance(records, list) and records else None
-    origin = first.get("eventSource") if isinstance(first, dict) else None
-    source = SOURCES.get(origin) if isinstance(origin, str) else None
+    origin = None
+    if isinstance(records, list):
+        for record in records:  # the first record that names a source we know; every record must match it
+            named = record.get("eventSource") if isinstance(record, dict) else None
+            if isinstance(named, str) and named in SOURCES:
+                origin = named
+                break
+    source = SOURCES.get(origin) if origin is not None else None
     if source is None:
         if required:
             raise IdempotencyKeyError(
@@ -71,7 +78,7 @@ def parse(event: Any, required: bool) -> Batch | None:
         return None
     assert isinstance(records, list)
     identifiers = []
-    fifo = False
+    ordered = source.ordered
     for index, record in enumerate(records):
         if not isinstance(record, dict) or record.get("eventSource") != origin:
             raise IdempotencyKeyError(
@@ -86,22 +93,23 @@ def parse(event: Any, required: bool) -> Batch | None:
             )
         identifiers.append(identifier)
         arn = record.get("eventSourceARN")
-        fifo = fifo or (source.name == "SQS" and isinstance(arn, str) and arn.endswith(".fifo"))
-    return Batch(source, records, identifiers, fifo)
+        ordered = ordered or (source.name == "SQS" and isinstance(arn, str) and arn.endswith(".fifo"))
+    return Batch(source, records, identifiers, ordered)
 
 
 _INVALID = None  # what `handler_failures` returns for an answer Lambda would treat as a failed batch
 
 
-def handler_failures(value: Any, passed: Iterable[str]) -> set[str] | None:
+def handler_failures(value: Any, sent: Iterable[str]) -> set[str] | None:
     """The item identifiers the handler reported as failed; None when its answer is not a valid partial batch
-    response (Lambda then treats the whole batch as failed)."""
+    response (Lambda then treats the whole batch as failed). `sent` are the identifiers of the batch Lambda
+    sent, which Lambda accepts, not only those of the records the handler was given."""
     if not isinstance(value, dict) or value.get("batchItemFailures") is None:
         return set()
     items = value["batchItemFailures"]
     if not isinstance(items, list):
         return _INVALID
-    known = set(passed)
+    known = set(sent)
     failed = set()
     for item in items:
         identifier = item.get("itemIdentifier") if isinstance(item, dict) else None
@@ -149,13 +157,14 @@ class Runner:
         record = batch.records[index]
         if self.keys.expression is not None:
             return self.keys.key(record)
-        identity = record.get(batch.source.identity)
-        if not isinstance(identity, str) or not identity:
-            raise IdempotencyKeyError(
-                f"record {index} of the {batch.source.name} batch has no {batch.source.identity}, its default key; "
-                "set IDEMPOTENCY_KEY_JMESPATH to key its records another way"
-            )
-        return self.keys.key_of(identity)
+        identity = [record.get(name) for name in batch.source.identity]
+        for name, value in zip(batch.source.identity, identity, strict=True):
+            if not isinstance(value, str) or not value:
+                raise IdempotencyKeyError(
+                    f"record {index} of the {batch.source.name} batch has no {name}, part of its default key; "
+                    "set IDEMPOTENCY_KEY_JMESPATH to key its records another way"
+                )
+        return self.keys.key_of(identity[0] if len(identity) == 1 else identity)
 
     def run(self, batch: Batch, event: dict[str, Any], context: Any, remaining_ms: int) -> Any:
         self.cycle.check()
@@ -222,7 +231,7 @@ class Runner:
         for index, key in enumerate(keys):
             if stopped or index in blocked or key in busy:
                 failed.append(index)
-                stopped = stopped or batch.fifo  # FIFO: nothing after a record that cannot run now may run
+                stopped = stopped or batch.ordered  # nothing after a record that cannot run now may run
             elif key is None:
                 passed.append(index)
             elif key in done:
@@ -245,17 +254,19 @@ class Runner:
             except BaseException:
                 self._release(owned)
                 raise
-            reported = handler_failures(value, (batch.identifiers[index] for index in passed))
+            reported = handler_failures(value, batch.identifiers)
             if reported is _INVALID:
                 logger.error(
                     "the handler's batchItemFailures is not a valid partial batch response (a list of "
-                    "{\"itemIdentifier\": <an identifier of a record it was given>}), which fails the whole batch; "
+                    "{\"itemIdentifier\": <an identifier of a record of the batch>}), which fails the whole batch; "
                     "released every record it was given"
                 )
                 self._release(owned)
                 return value
             failed_keys = {keys[index] for index in passed if batch.identifiers[index] in reported}
-            failed.extend(index for index in passed if batch.identifiers[index] in reported)
+            # Every record the handler named comes back, a record we had dropped as done included: its answer
+            # is kept as it gave it, and a done record is dropped again on redelivery.
+            failed.extend(index for index in range(count) if batch.identifiers[index] in reported)
             failed.extend(index for index in copies if keys[index] in failed_keys)
             self._complete([(key, owner) for key, owner in owned if key not in failed_keys])
             self._release([(key, owner) for key, owner in owned if key in failed_keys])
