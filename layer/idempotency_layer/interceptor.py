@@ -138,11 +138,21 @@ else:
     _store = DynamoDBStore(_transport, CONFIG.table, CONFIG.attributes, CONFIG.partition_value)
     _store.verify()  # a table whose key schema does not match the settings fails init, before any handler runs
     _cycle = Cycle(_store, CONFIG.ttl_seconds, CONFIG.local_cache_size, results=_results())
-    _batches = None
-    if CONFIG.scope != "event":
-        from .sources import batch as _batch
+    _batches: Any = None  # the batch runner, built for the first event with a Records list
 
-        _batches = _batch.Runner(_cycle, _keys, CONFIG.require_key, user_handler)
+    def _batch_of(event: Any) -> Any:
+        """The batch runner and the batch `event` is, or (None, None) to handle it whole."""
+        global _batches
+        if CONFIG.scope == "event":
+            return None, None
+        if CONFIG.scope == "auto" and not (isinstance(event, dict) and isinstance(event.get("Records"), list)):
+            return None, None  # not a batch, and the batch module is not even imported for it
+        from .sources import batch  # a function that is never sent a batch never pays for its import
+
+        if _batches is None:
+            _batches = batch.Runner(_cycle, _keys, CONFIG.require_key, user_handler)
+        found = batch.parse(event, required=CONFIG.scope == "record")
+        return (_batches, found) if found is not None else (None, None)
 
     def _remaining_ms(context: Any) -> int:
         remaining = getattr(context, "get_remaining_time_in_millis", None)
@@ -150,10 +160,9 @@ else:
 
     def handler(event: Any, context: Any) -> Any:  # type: ignore[misc]
         try:
-            if _batches is not None:
-                batch = _batch.parse(event, required=CONFIG.scope == "record")
-                if batch is not None:
-                    return _batches.run(batch, event, context, _remaining_ms(context))
+            runner, batch = _batch_of(event)
+            if batch is not None:
+                return runner.run(batch, event, context, _remaining_ms(context))
             return _whole(event, context)
         except BaseException as error:
             # The runtime reports the traceback: drop the layer's frames (this one frame stays, as in any re-raise).

@@ -283,3 +283,10 @@ def test_several_environments_handed_overlapping_batches_run_each_message_once(
     assert not pending
     counts = [executions.count(marker_of(m)) for m in messages]
     assert counts == [2 if i % 7 == 0 else 1 for i in range(30)]
+
+
+def test_a_function_never_sent_a_batch_never_imports_the_batch_module(
+        primary: str, make_env: Any, shared_table: str) -> None:
+    env = make_env(primary, shared_table)
+    assert env.invoke({"marker": marker(), "action": "info"}).json()["batch_module_loaded"] is False
+    assert env.invoke({"Records": [{"eventSource": "aws:s3"}], "action": "info"}).json()["batch_module_loaded"]

@@ -110,6 +110,7 @@ def handler(event: Any, context: Any) -> Any:
             "sys_path": sys.path[:3],
             "remaining_ms": context.get_remaining_time_in_millis(),
             "function_name": context.function_name,
+            "batch_module_loaded": "idempotency_layer.sources.batch" in sys.modules,
             "id": uuid.uuid4().hex,
         }
     raise ValueError(f"unknown action {action!r}")
