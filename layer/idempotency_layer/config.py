@@ -32,6 +32,7 @@ _ATTR_VARIABLES = {
     "owner": "IDEMPOTENCY_OWNER_ATTR",
     "result": "IDEMPOTENCY_RESULT_ATTR",
     "result_format": "IDEMPOTENCY_RESULT_FORMAT_ATTR",
+    "payload_hash": "IDEMPOTENCY_PAYLOAD_HASH_ATTR",
 }
 
 
@@ -47,6 +48,7 @@ class Attributes:
     owner: str = "owner"
     result: str = "result"
     result_format: str = "result_format"
+    payload_hash: str = "payload_hash"
 
 
 @dataclass(frozen=True)
@@ -55,9 +57,12 @@ class Config:
     table: str
     scope: str  # auto: batches from SQS, Kinesis, DynamoDB Streams per record, other events whole; event; record
     key_jmespath: str | None  # None: the whole event (a batch record: its delivery identity)
+    payload_jmespath: str | None  # the part of the event a reused key must match (its SHA-256); None: unchecked
     key_prefix: str
     require_key: bool
     ttl_seconds: int
+    in_progress_seconds: int  # a claim lasts at least this long, beyond the invocation's own deadline; 0: no floor
+    wait_seconds: float  # how long a copy that finds a live claim waits for its outcome; 0: it does not wait
     local_cache_size: int
     attributes: Attributes
     partition_value: str | None  # static partition key value when a sort key holds the key
@@ -214,9 +219,12 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         table=table,
         scope=_choice(env, "IDEMPOTENCY_SCOPE", "auto", _SCOPES),
         key_jmespath=key_jmespath,
+        payload_jmespath=_text(env, "IDEMPOTENCY_PAYLOAD_JMESPATH"),
         key_prefix=prefix or "",
         require_key=_bool(env, "IDEMPOTENCY_REQUIRE_KEY", False),
         ttl_seconds=_int(env, "IDEMPOTENCY_TTL_SECONDS", 3600, 1, 366 * 24 * 3600),
+        in_progress_seconds=_int(env, "IDEMPOTENCY_IN_PROGRESS_SECONDS", 0, 0, 366 * 24 * 3600),
+        wait_seconds=_float(env, "IDEMPOTENCY_WAIT_SECONDS", 0.0, 0.0, 900.0),
         local_cache_size=_int(env, "IDEMPOTENCY_LOCAL_CACHE_SIZE", 0, 0, 100_000),
         attributes=attributes,
         partition_value=partition_value,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import threading
 import time
 from collections import OrderedDict
@@ -21,12 +22,16 @@ from .errors import (
     IdempotencyAlreadyInProgressError,
     IdempotencyClaimConflictError,
     IdempotencyKeyError,
+    IdempotencyPayloadMismatchError,
     IdempotencyPersistenceLayerError,
     IdempotencyResultTooLargeError,
 )
 from .store import COMPLETED, Record, Store
 
 MAX_CLAIM_ATTEMPTS = 3
+# Waiting for another invocation's outcome: polls from 50 ms, doubling to 1 s, with jitter; and stop waiting
+# while this much of the invocation is left, to claim, run or answer in.
+FIRST_POLL_S, LAST_POLL_S, WAIT_MARGIN_MS = 0.05, 1.0, 1000
 
 logger = logging.getLogger("idempotency_layer")
 
@@ -65,27 +70,37 @@ class LocalCache:
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._entries: OrderedDict[str, tuple[int, codec.Encoded]] = OrderedDict()
+        self._entries: OrderedDict[str, tuple[int, codec.Encoded, str | None]] = OrderedDict()
         self._lock = threading.Lock()  # batch records complete from several threads
 
-    def get(self, key: str, now: float) -> codec.Encoded | None:
+    def get(self, key: str, now: float) -> tuple[codec.Encoded, str | None] | None:
+        """The result of `key` and the fingerprint its record was claimed with, or None."""
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
                 return None
-            expires_at, result = entry
+            expires_at, result, fingerprint = entry
             if expires_at < int(now):  # never outlive the record
                 del self._entries[key]
                 return None
             self._entries.move_to_end(key)
-            return result
+            return result, fingerprint
 
-    def put(self, key: str, expires_at: int, result: codec.Encoded) -> None:
+    def put(self, key: str, expires_at: int, result: codec.Encoded, fingerprint: str | None = None) -> None:
         with self._lock:
-            self._entries[key] = (expires_at, result)
+            self._entries[key] = (expires_at, result, fingerprint)
             self._entries.move_to_end(key)
             while len(self._entries) > self.size:
                 self._entries.popitem(last=False)
+
+
+def _check_fingerprint(key: str, stored: str | None, given: str | None) -> None:
+    # A record claimed before IDEMPOTENCY_PAYLOAD_JMESPATH was set has no fingerprint: nothing to compare.
+    if stored is not None and given is not None and stored != given:
+        raise IdempotencyPayloadMismatchError(
+            f"key {key!r} was used before with another payload (IDEMPOTENCY_PAYLOAD_JMESPATH selects something "
+            "else from this event); the handler did not run"
+        )
 
 
 def _when(epoch_ms: float) -> str:
@@ -100,30 +115,42 @@ class Cycle:
         cache_size: int = 0,
         clock: Callable[[], float] = time.time,
         results: Results | None = None,
+        min_claim_ms: int = 0,
+        wait_seconds: float = 0.0,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.store = store
         self.results: Results = results or ValueResults()
         self.ttl_seconds = ttl_seconds
         self.cache = LocalCache(cache_size) if cache_size > 0 else None
         self.clock = clock
+        self.min_claim_ms = min_claim_ms  # IDEMPOTENCY_IN_PROGRESS_SECONDS: a claim lasts at least this long
+        self.wait_seconds = wait_seconds
+        self.sleep = sleep
         # Set when a completion failed for a reason no retry can change: from then on this environment runs no
         # handler, since no run of it could be recorded and every duplicate would run again.
         self.refusal: str | None = None
 
-    def run(self, key: str, invoke: Callable[[], Any], remaining_ms: int) -> Outcome:
+    def run(self, key: str, invoke: Callable[[], Any], remaining_ms: int, fingerprint: str | None = None) -> Outcome:
         """Run `invoke` once for `key`, or replay the result of the run that did.
 
         `remaining_ms` is how long this invocation may still take: the claim lasts that long. A result that
-        `results.encode` finds undeliverable is not stored, and the claim is released.
+        `results.encode` finds undeliverable is not stored, and the claim is released. `fingerprint`, when
+        given, must match the one the key's record was claimed with.
         """
         self.check()
-        cached = self.cached(key)
+        cached = self.cached(key, fingerprint)
         if cached is not None:
             return Outcome(self._decode(key, cached), True)
-        claimed = self.claim(key, remaining_ms)
+        try:
+            claimed = self.claim(key, remaining_ms, fingerprint)
+        except IdempotencyAlreadyInProgressError:
+            if self.wait_seconds <= 0:
+                raise
+            claimed = self._wait(key, remaining_ms, fingerprint)
         if isinstance(claimed, Record):
             return self._replay(claimed)
-        return Outcome(self._invoke(key, claimed, invoke), False)
+        return Outcome(self._invoke(key, claimed, invoke, fingerprint), False)
 
     # -- the steps, for callers that run many keys around one handler call (batch records) ----------------
 
@@ -132,21 +159,29 @@ class Cycle:
         if self.refusal is not None:
             raise IdempotencyPersistenceLayerError(self.refusal)
 
-    def cached(self, key: str) -> codec.Encoded | None:
-        """The result of a completed record of this environment, without a request, or None."""
-        return None if self.cache is None else self.cache.get(key, self.clock())
+    def cached(self, key: str, fingerprint: str | None = None) -> codec.Encoded | None:
+        """The result of a completed record of this environment, without a request, or None.
 
-    def claim(self, key: str, remaining_ms: int) -> str | Record:
+        Raises `IdempotencyPayloadMismatchError` when the record was claimed with another fingerprint."""
+        entry = None if self.cache is None else self.cache.get(key, self.clock())
+        if entry is None:
+            return None
+        result, stored = entry
+        _check_fingerprint(key, stored, fingerprint)
+        return result
+
+    def claim(self, key: str, remaining_ms: int, fingerprint: str | None = None) -> str | Record:
         """Claim `key`: our owner token when we hold the claim, else the completed record that is there.
 
-        Raises `IdempotencyAlreadyInProgressError` when another invocation holds a live claim. Safe to call
-        from several threads at once.
+        Raises `IdempotencyPayloadMismatchError` when the live record there was claimed with another
+        fingerprint, else `IdempotencyAlreadyInProgressError` when another invocation holds a live claim. Safe
+        to call from several threads at once.
         """
         owner = os.urandom(16).hex()
-        record = self._claim(key, owner, remaining_ms)
+        record = self._claim(key, owner, remaining_ms, fingerprint)
         return owner if record is None else record
 
-    def complete(self, key: str, owner: str, result: codec.Encoded) -> None:
+    def complete(self, key: str, owner: str, result: codec.Encoded, fingerprint: str | None = None) -> None:
         """Mark our claim on `key` completed with `result`. Never raises: the handler has run, and failing now
         would make the caller retry into a second run."""
         expires_at = int(self.clock()) + self.ttl_seconds
@@ -173,7 +208,7 @@ class Cycle:
         if not completed:
             logger.error("claim on key %r expired and was taken over before completion; returning our result", key)
         elif self.cache is not None:
-            self.cache.put(key, expires_at, result)
+            self.cache.put(key, expires_at, result, fingerprint)
 
     def release(self, key: str, owner: str) -> None:
         """Delete our claim on `key`, so a retry runs the handler again. Never raises."""
@@ -185,17 +220,19 @@ class Cycle:
 
     # -- internals ----------------------------------------------------------------------------------------
 
-    def _claim(self, key: str, owner: str, remaining_ms: int) -> Record | None:
+    def _claim(self, key: str, owner: str, remaining_ms: int, fingerprint: str | None) -> Record | None:
         for _ in range(MAX_CLAIM_ATTEMPTS):
             now = self.clock()
-            in_progress_until = int(now * 1000) + max(0, remaining_ms)
+            in_progress_until = int(now * 1000) + max(0, remaining_ms, self.min_claim_ms)
             # A claim must not expire (and be taken) while its invocation may still be running.
             expires_at = max(int(now) + self.ttl_seconds, -(-in_progress_until // 1000))
-            record = self.store.claim(key, owner, now, in_progress_until, expires_at)
+            record = self.store.claim(key, owner, now, in_progress_until, expires_at, fingerprint)
             if record is None or record.owner == owner:  # ours: the transport retried our own write
                 return None
             now = self.clock()
             if not record.is_expired(now):
+                if record.status == COMPLETED or not record.is_claim_expired(now):
+                    _check_fingerprint(key, record.fingerprint, fingerprint)  # before any replay or wait
                 if record.status == COMPLETED:
                     return record
                 if not record.is_claim_expired(now):
@@ -229,16 +266,45 @@ class Cycle:
                 f"{type(error).__name__}"
             ) from None
 
+    def _wait(self, key: str, remaining_ms: int, fingerprint: str | None) -> str | Record:
+        """Wait for the live claim on `key` to end: the completed record to replay, or our own claim once it was
+        released or expired. Raises the in-progress error when the wait or the invocation runs out first."""
+        started = time.monotonic()
+        budget = min(self.wait_seconds, (remaining_ms - WAIT_MARGIN_MS) / 1000)
+        delay = FIRST_POLL_S
+        while True:
+            if time.monotonic() - started + delay > budget:
+                raise IdempotencyAlreadyInProgressError(
+                    f"another invocation is still running key {key!r} after waiting {time.monotonic() - started:.1f} s "
+                    "for it (IDEMPOTENCY_WAIT_SECONDS)"
+                )
+            self.sleep(delay * (0.5 + random.random() / 2))
+            delay = min(delay * 2, LAST_POLL_S)
+            record = self.store.get(key)  # a consistent read
+            now = self.clock()
+            if record is not None and not record.is_expired(now):
+                _check_fingerprint(key, record.fingerprint, fingerprint)
+                if record.status == COMPLETED:
+                    return record
+                if not record.is_claim_expired(now):
+                    continue
+            # Released or expired: claim it ourselves, for the time this invocation has left.
+            left_ms = remaining_ms - int((time.monotonic() - started) * 1000)
+            try:
+                return self.claim(key, left_ms, fingerprint)
+            except IdempotencyAlreadyInProgressError:
+                continue  # another copy claimed it first: wait for that one
+
     def _replay(self, record: Record) -> Outcome:
         result = record.result
         if result is None:
             raise IdempotencyPersistenceLayerError(f"record {record.key!r} is completed but has no result format")
         value = self._decode(record.key, result)
         if self.cache is not None:
-            self.cache.put(record.key, record.expires_at, result)
+            self.cache.put(record.key, record.expires_at, result, record.fingerprint)
         return Outcome(value, True)
 
-    def _invoke(self, key: str, owner: str, invoke: Callable[[], Any]) -> Any:
+    def _invoke(self, key: str, owner: str, invoke: Callable[[], Any], fingerprint: str | None = None) -> Any:
         try:
             value = invoke()
         except BaseException:
@@ -255,5 +321,5 @@ class Cycle:
             delivered, result = value, codec.Encoded(codec.TOO_LARGE, None)
         if result.format == codec.TOO_LARGE:
             logger.warning("result of key %r is too large to store; replays will raise", key)
-        self.complete(key, owner, result)
+        self.complete(key, owner, result, fingerprint)
         return delivered

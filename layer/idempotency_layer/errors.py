@@ -17,6 +17,10 @@ class IdempotencyAlreadyInProgressError(IdempotencyError):
     """Another invocation holds a live claim on the same key."""
 
 
+class IdempotencyPayloadMismatchError(IdempotencyError):
+    """The key was used before with a payload whose fingerprint (IDEMPOTENCY_PAYLOAD_JMESPATH) differs."""
+
+
 class IdempotencyPersistenceLayerError(IdempotencyError):
     """The table could not be read or written; the handler was not run."""
 

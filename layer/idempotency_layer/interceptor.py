@@ -122,7 +122,7 @@ else:
     from .store import DynamoDBStore
     from .transport import make_transport
 
-    _keys = KeyDeriver(CONFIG.key_prefix, CONFIG.key_jmespath)
+    _keys = KeyDeriver(CONFIG.key_prefix, CONFIG.key_jmespath, CONFIG.payload_jmespath)
     try:
         _transport = make_transport(
             CONFIG.transport,
@@ -137,7 +137,8 @@ else:
         ) from error
     _store = DynamoDBStore(_transport, CONFIG.table, CONFIG.attributes, CONFIG.partition_value)
     _store.verify()  # a table whose key schema does not match the settings fails init, before any handler runs
-    _cycle = Cycle(_store, CONFIG.ttl_seconds, CONFIG.local_cache_size, results=_results())
+    _cycle = Cycle(_store, CONFIG.ttl_seconds, CONFIG.local_cache_size, results=_results(),
+                   min_claim_ms=CONFIG.in_progress_seconds * 1000, wait_seconds=CONFIG.wait_seconds)
     _batches: Any = None  # the batch runner, built for the first event with a Records list
 
     def _batch_of(event: Any) -> Any:
@@ -182,4 +183,5 @@ else:
                 CONFIG.key_jmespath or "@",
             )
             return user_handler(event, context)
-        return _cycle.run(key, partial(user_handler, event, context), _remaining_ms(context)).value
+        fingerprint = _keys.fingerprint(event)
+        return _cycle.run(key, partial(user_handler, event, context), _remaining_ms(context), fingerprint).value

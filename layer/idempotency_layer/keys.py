@@ -69,7 +69,7 @@ def is_empty(value: Any) -> bool:
     return isinstance(value, list) and all(item is None for item in value)
 
 
-def _check_functions(expression: str, node: Any, known: dict[str, Any]) -> None:
+def _check_functions(variable: str, expression: str, node: Any, known: dict[str, Any]) -> None:
     """JMESPath looks functions up only when it calls them: an unknown name or a wrong arity fails here, at init."""
     if isinstance(node, dict):
         if node.get("type") == "function_expression":
@@ -77,21 +77,21 @@ def _check_functions(expression: str, node: Any, known: dict[str, Any]) -> None:
             spec = known.get(name)
             if spec is None:
                 raise IdempotencyConfigurationError(
-                    f"IDEMPOTENCY_KEY_JMESPATH={expression!r} calls unknown function {name}(); known: "
+                    f"{variable}={expression!r} calls unknown function {name}(); known: "
                     + ", ".join(sorted(known))
                 )
             signature = spec["signature"]
             variadic = bool(signature) and signature[-1].get("variadic")
             if given < len(signature) or (not variadic and given != len(signature)):
                 raise IdempotencyConfigurationError(
-                    f"IDEMPOTENCY_KEY_JMESPATH={expression!r} calls {name}() with {given} argument(s); "
+                    f"{variable}={expression!r} calls {name}() with {given} argument(s); "
                     f"it takes {len(signature)}{' or more' if variadic else ''}"
                 )
         for child in node.get("children", []):
-            _check_functions(expression, child, known)
+            _check_functions(variable, expression, child, known)
     elif isinstance(node, list):
         for child in node:
-            _check_functions(expression, child, known)
+            _check_functions(variable, expression, child, known)
 
 
 def _reads_the_event(node: Any) -> bool:
@@ -102,7 +102,7 @@ def _reads_the_event(node: Any) -> bool:
     return isinstance(node, list) and any(_reads_the_event(child) for child in node)
 
 
-def _compile(expression: str) -> Callable[[Any], Any]:
+def _compile(expression: str, variable: str = "IDEMPOTENCY_KEY_JMESPATH") -> Callable[[Any], Any]:
     # jmespath ships with botocore in every Lambda Python runtime; it is only imported when configured.
     import jmespath
     from jmespath import functions
@@ -131,16 +131,17 @@ def _compile(expression: str) -> Callable[[Any], Any]:
         parsed = jmespath.compile(expression)
     except jmespath.exceptions.JMESPathError as error:
         raise IdempotencyConfigurationError(
-            f"IDEMPOTENCY_KEY_JMESPATH={expression!r} is not a valid JMESPath expression: {error}"
+            f"{variable}={expression!r} is not a valid JMESPath expression: {error}"
         ) from None
     registry = _Functions()
-    _check_functions(expression, parsed.parsed, registry.FUNCTION_TABLE)
+    _check_functions(variable, expression, parsed.parsed, registry.FUNCTION_TABLE)
     if not _reads_the_event(parsed.parsed):
         # E.g. 'orderId' in single quotes: a JMESPath raw string, the same text for every event, so every
         # event would share one key and replay the first one's result.
         raise IdempotencyConfigurationError(
-            f"IDEMPOTENCY_KEY_JMESPATH={expression!r} reads nothing from the event, so every event would get the "
-            "same key; name a field (orderId, not 'orderId': single quotes make a literal string)"
+            f"{variable}={expression!r} reads nothing from the event, so every event would get the "
+            f"same {'key' if variable == 'IDEMPOTENCY_KEY_JMESPATH' else 'fingerprint'}; name a field (orderId, "
+            "not 'orderId': single quotes make a literal string)"
         )
     options = jmespath.Options(custom_functions=registry)
 
@@ -149,19 +150,35 @@ def _compile(expression: str) -> Callable[[Any], Any]:
             return parsed.search(event, options=options)
         except Exception as error:  # every failure to apply it is the event's, and is named the same way
             raise IdempotencyKeyError(
-                f"IDEMPOTENCY_KEY_JMESPATH={expression!r} could not be applied to the event: {_describe(error)}"
+                f"{variable}={expression!r} could not be applied to the event: {_describe(error)}"
             ) from None
 
     return select
 
 
 class KeyDeriver:
-    """Turns an event into the stored key, or None when the expression selects nothing."""
+    """Turns an event into the stored key, or None when the expression selects nothing; and into the
+    fingerprint of its payload, when a payload expression is set."""
 
-    def __init__(self, prefix: str, expression: str | None) -> None:
+    def __init__(self, prefix: str, expression: str | None, payload: str | None = None) -> None:
         self.prefix = prefix
         self.expression = expression
+        self.payload = payload
         self._select: Callable[[Any], Any] | None = _compile(expression) if expression else None
+        self._payload = _compile(payload, "IDEMPOTENCY_PAYLOAD_JMESPATH") if payload else None
+
+    def fingerprint(self, event: Any) -> str | None:
+        """The SHA-256 of what the payload expression selects (null included), or None when none is set."""
+        if self._payload is None:
+            return None
+        selected = self._payload(event)
+        try:
+            return digest(selected)
+        except Exception as error:
+            raise IdempotencyKeyError(
+                f"the value selected by IDEMPOTENCY_PAYLOAD_JMESPATH={self.payload!r} cannot be hashed: "
+                f"{_describe(error)}"
+            ) from None
 
     def select(self, event: Any) -> Any:
         return event if self._select is None else self._select(event)

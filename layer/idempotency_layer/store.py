@@ -35,6 +35,7 @@ class Record:
     in_progress_until: int | None  # epoch ms
     owner: str | None
     result: codec.Encoded | None  # None while in progress
+    fingerprint: str | None = None  # SHA-256 of the claiming event's payload (IDEMPOTENCY_PAYLOAD_JMESPATH)
 
     def is_expired(self, now: float) -> bool:
         return self.expires_at < int(now)
@@ -46,7 +47,8 @@ class Record:
 class Store(Protocol):
     """What the cycle needs from a backend."""
 
-    def claim(self, key: str, owner: str, now: float, in_progress_until: int, expires_at: int) -> Record | None:
+    def claim(self, key: str, owner: str, now: float, in_progress_until: int, expires_at: int,
+              fingerprint: str | None = None) -> Record | None:
         """Write an in-progress record unless a live one exists. None: we hold the claim; else the live record."""
 
     def complete(self, key: str, owner: str, result: codec.Encoded, expires_at: int) -> bool:
@@ -159,6 +161,7 @@ class DynamoDBStore:
                 data = _blob(value["B"])
             result = codec.Encoded(form, data)
         owner = item.get(a.owner)
+        fingerprint = item.get(a.payload_hash)
         return Record(
             key=key,
             status=item[a.status]["S"],
@@ -166,11 +169,13 @@ class DynamoDBStore:
             in_progress_until=_number(item.get(a.in_progress_until)),
             owner=None if owner is None else owner["S"],
             result=result,
+            fingerprint=None if fingerprint is None else fingerprint["S"],
         )
 
     # -- the protocol -----------------------------------------------------------------------------------
 
-    def claim(self, key: str, owner: str, now: float, in_progress_until: int, expires_at: int) -> Record | None:
+    def claim(self, key: str, owner: str, now: float, in_progress_until: int, expires_at: int,
+              fingerprint: str | None = None) -> Record | None:
         if self._unverified:
             self.verify()
             if self._unverified:
@@ -183,6 +188,8 @@ class DynamoDBStore:
         item[a.expires_at] = {"N": str(expires_at)}
         item[a.in_progress_until] = {"N": str(in_progress_until)}
         item[a.owner] = {"S": owner}
+        if fingerprint is not None:
+            item[a.payload_hash] = {"S": fingerprint}
         params = {
             "Item": item,
             "ConditionExpression": self._claim_condition,

@@ -305,8 +305,14 @@ def test_no_event_or_result_content_in_errors_or_logs(load, caplog, capsys):
         big = {"card": SECRET, "blob": os.urandom(500_000).hex()}
         attempt(plain, {"orderId": "o2", "card": SECRET}, big)  # too large: stored as such
         attempt(plain, {"orderId": "o2", "card": SECRET}, big)  # its replay raises
+        fingerprinted = load(IDEMPOTENCY_KEY_JMESPATH="orderId", IDEMPOTENCY_PAYLOAD_JMESPATH="card",
+                             IDEMPOTENCY_LOCAL_CACHE_SIZE="5")
+        attempt(fingerprinted, {"orderId": "o3", "card": "first"}, {"ok": 1})
+        attempt(fingerprinted, {"orderId": "o3", "card": SECRET})  # another payload: refused
+        attempt(load(IDEMPOTENCY_PAYLOAD_JMESPATH="json_parse(card)"), {"card": SECRET})  # not JSON
     replies = "\n".join(seen)
     assert "IdempotencyKeyError" in replies and "IdempotencyResultTooLargeError" in replies
+    assert "IdempotencyPayloadMismatchError" in replies
     assert SECRET not in replies
     ours = [r.getMessage() + str(r.exc_info) for r in caplog.records if r.name.startswith("idempotency_layer")]
     assert any("too large" in line for line in ours)  # the paths were taken and logged

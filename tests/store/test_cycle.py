@@ -164,7 +164,7 @@ def test_ttl_expiry_runs_again(store):
 
 def test_claim_never_expires_before_its_invocation_deadline(store):
     clock = Clock()
-    Cycle(store, ttl_seconds=1, clock=clock)._claim(KEY, "me", remaining_ms=10_000)
+    Cycle(store, ttl_seconds=1, clock=clock)._claim(KEY, "me", remaining_ms=10_000, fingerprint=None)
     record = store.get(KEY)
     assert record.expires_at >= int(clock.now) + 10
     clock.now += 5

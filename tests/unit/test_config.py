@@ -22,6 +22,8 @@ def test_defaults():
     assert config.attributes.sort_key is None and config.partition_value is None
     assert config.original_handler == "app.handler"
     assert config.scope == "auto"
+    assert config.payload_jmespath is None and config.attributes.payload_hash == "payload_hash"
+    assert config.in_progress_seconds == 0 and config.wait_seconds == 0
 
 
 def test_config_is_immutable():
@@ -53,6 +55,9 @@ def test_false_booleans(text):
         ("IDEMPOTENCY_TRANSPORT", "http2", "lean, boto3"),
         ("IDEMPOTENCY_LOG_LEVEL", "LOUD", "DEBUG, INFO, WARNING, ERROR"),
         ("IDEMPOTENCY_SCOPE", "records", "auto, event, record"),
+        ("IDEMPOTENCY_WAIT_SECONDS", "901", "seconds from 0"),
+        ("IDEMPOTENCY_WAIT_SECONDS", "soon", "seconds"),
+        ("IDEMPOTENCY_IN_PROGRESS_SECONDS", "-1", "whole number from 0"),
     ],
 )
 def test_bad_settings_name_variable_value_and_accepted(name, value, accepted):
@@ -161,3 +166,16 @@ def test_values_that_are_not_utf8_name_the_variable(name):
 
 def test_disabled_skips_the_key_prefix_length_check():
     assert load({**BASE, "IDEMPOTENCY_DISABLED": "true", "IDEMPOTENCY_KEY_PREFIX": "p" * 3000}).disabled
+
+
+def test_payload_waiting_and_in_progress_settings_are_read():
+    config = load({**BASE, "IDEMPOTENCY_PAYLOAD_JMESPATH": "body", "IDEMPOTENCY_WAIT_SECONDS": "2.5",
+                   "IDEMPOTENCY_IN_PROGRESS_SECONDS": "600", "IDEMPOTENCY_PAYLOAD_HASH_ATTR": "ph"})
+    assert config.payload_jmespath == "body" and config.wait_seconds == 2.5
+    assert config.in_progress_seconds == 600 and config.attributes.payload_hash == "ph"
+
+
+def test_the_payload_hash_attribute_must_not_clash():
+    clash = "IDEMPOTENCY_STATUS_ATTR and IDEMPOTENCY_PAYLOAD_HASH_ATTR"
+    with pytest.raises(IdempotencyConfigurationError, match=clash):
+        load({**BASE, "IDEMPOTENCY_PAYLOAD_HASH_ATTR": "status"})

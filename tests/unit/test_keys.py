@@ -218,3 +218,19 @@ def test_expressions_that_fail_or_read_nothing_fail_at_init(expression):
 @pytest.mark.parametrize("expression", ["merge(a)", "not_null(a, b)", "length(@) > `0`", "*.a", "[a, `1`]"])
 def test_expressions_that_read_the_event_are_accepted(expression):
     assert KeyDeriver("fn", expression).expression == expression
+
+
+@pytest.mark.parametrize("expression", ["body[", "nope(body)", "'constant'"])
+def test_a_bad_payload_expression_fails_init_naming_its_variable(expression):
+    with pytest.raises(IdempotencyConfigurationError, match="IDEMPOTENCY_PAYLOAD_JMESPATH="):
+        KeyDeriver("fn", "orderId", expression)
+
+
+def test_fingerprints_are_sha256_of_the_selection_and_none_without_the_setting():
+    keys = KeyDeriver("fn", "orderId", "json_parse(body)")
+    event = {"orderId": "1", "body": '{"b": 2, "a": 1}'}
+    assert keys.fingerprint(event) == hashlib.sha256(b'{"a":1,"b":2}').hexdigest()
+    assert keys.fingerprint({"orderId": "1"}) == hashlib.sha256(b"null").hexdigest()  # nothing is a payload too
+    assert KeyDeriver("fn", "orderId").fingerprint(event) is None
+    with pytest.raises(IdempotencyKeyError, match="IDEMPOTENCY_PAYLOAD_JMESPATH='json_parse\\(body\\)' could not"):
+        keys.fingerprint({"orderId": "1", "body": "not json"})

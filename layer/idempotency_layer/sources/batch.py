@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from .. import codec
 from ..cycle import Cycle
-from ..errors import IdempotencyAlreadyInProgressError, IdempotencyKeyError
+from ..errors import IdempotencyAlreadyInProgressError, IdempotencyKeyError, IdempotencyPayloadMismatchError
 from ..keys import KeyDeriver, is_empty
 from ..store import Record
 
@@ -196,25 +196,50 @@ class Runner:
                     self.keys.expression, index,
                 )
 
+        prints: list[str | None] = [None] * count  # payload fingerprints, with IDEMPOTENCY_PAYLOAD_JMESPATH
+        if self.keys.payload is not None:
+            for index in range(count):
+                if keys[index] is not None and index not in blocked:
+                    try:
+                        prints[index] = self.keys.fingerprint(batch.records[index])
+                    except IdempotencyKeyError as error:
+                        logger.warning("record %d of the batch has no usable fingerprint, reported as failed: %s",
+                                       index, error)
+                        blocked.add(index)
+
         # One claim per distinct key, at its first record; later copies share that record's outcome.
         first: dict[str, int] = {}
         for index, key in enumerate(keys):
-            if key is not None and index not in blocked:
-                first.setdefault(key, index)
+            if key is None or index in blocked:
+                continue
+            if key not in first:
+                first[key] = index
+            elif prints[index] != prints[first[key]]:
+                logger.warning("record %d has the key of record %d with another payload; reported as failed",
+                               index, first[key])
+                blocked.add(index)
         # A completed record is done, whatever ran it: a whole event with the same key did this operation too.
-        done = {key for key in first if self.cycle.cached(key) is not None}
-        to_claim = [key for key in first if key not in done]
+        done: set[str] = set()
+        busy: set[str] = set()  # in progress elsewhere, or used before with another payload
+        for key, index in first.items():
+            try:
+                if self.cycle.cached(key, prints[index]) is not None:
+                    done.add(key)
+            except IdempotencyPayloadMismatchError as error:
+                logger.warning("%s; its record is reported as failed", error)
+                busy.add(key)
+        to_claim = [key for key in first if key not in done and key not in busy]
         owners: dict[str, str] = {}
-        busy: set[str] = set()
         failure: Exception | None = None
-        claims = self._executor.map(lambda key: self.cycle.claim(key, remaining_ms), to_claim)
+        claims = self._executor.map(lambda key: self.cycle.claim(key, remaining_ms, prints[first[key]]), to_claim)
         for key, claimed in zip(to_claim, claims, strict=True):
             if isinstance(claimed, str):
                 owners[key] = claimed
             elif isinstance(claimed, Record):
                 done.add(key)
-            elif isinstance(claimed, IdempotencyAlreadyInProgressError):
-                logger.info("%s; its record is reported as failed", claimed)
+            elif isinstance(claimed, (IdempotencyAlreadyInProgressError, IdempotencyPayloadMismatchError)):
+                logger.log(logging.INFO if isinstance(claimed, IdempotencyAlreadyInProgressError) else logging.WARNING,
+                           "%s; its record is reported as failed", claimed)
                 busy.add(key)
             else:
                 failure = failure or claimed
@@ -268,7 +293,8 @@ class Runner:
             # is kept as it gave it, and a done record is dropped again on redelivery.
             failed.extend(index for index in range(count) if batch.identifiers[index] in reported)
             failed.extend(index for index in copies if keys[index] in failed_keys)
-            self._complete([(key, owner) for key, owner in owned if key not in failed_keys])
+            self._complete([(key, owner) for key, owner in owned if key not in failed_keys],
+                           {key: prints[index] for key, index in first.items()})
             self._release([(key, owner) for key, owner in owned if key in failed_keys])
         if not failed:
             return value if passed else {"batchItemFailures": []}
@@ -292,9 +318,9 @@ class Runner:
                 "or set IDEMPOTENCY_SCOPE=event to key the whole event; the handler did not run"
             )
 
-    def _complete(self, claims: list[tuple[str, str]]) -> None:
+    def _complete(self, claims: list[tuple[str, str]], prints: dict[str, str | None]) -> None:
         done = codec.Encoded(codec.DONE, None)
-        self._executor.map(lambda claim: self.cycle.complete(claim[0], claim[1], done), claims)
+        self._executor.map(lambda claim: self.cycle.complete(claim[0], claim[1], done, prints.get(claim[0])), claims)
 
     def _release(self, claims: list[tuple[str, str]]) -> None:
         self._executor.map(lambda claim: self.cycle.release(*claim), claims)

@@ -1,0 +1,203 @@
+"""Payload fingerprints (IDEMPOTENCY_PAYLOAD_JMESPATH), the in-progress floor (IDEMPOTENCY_IN_PROGRESS_SECONDS)
+and waiting for an in-flight copy (IDEMPOTENCY_WAIT_SECONDS), through the cycle and the real store on
+DynamoDB Local. Executions are counted by the handlers' own side effect; requests on the wire by the proxy.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from idempotency_layer.cycle import Cycle
+from idempotency_layer.errors import IdempotencyAlreadyInProgressError, IdempotencyPayloadMismatchError
+from idempotency_layer.keys import KeyDeriver
+from idempotency_layer.sources import batch
+from tests.support import events
+
+KEY = "fn#order-1"
+LONG = 60_000
+KEYS = KeyDeriver("fn", "orderId", "[orderId, amount]")
+
+
+class Handler:
+    def __init__(self, result: Any = None, error: BaseException | None = None,
+                 gate: threading.Event | None = None) -> None:
+        self.calls: list[float] = []
+        self.result, self.error, self.gate = result, error, gate
+        self.started = threading.Event()
+
+    def __call__(self) -> Any:
+        self.calls.append(time.time())
+        self.started.set()
+        if self.gate is not None:
+            assert self.gate.wait(30)
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def test_a_fingerprint_is_stored_and_a_copy_with_another_payload_is_refused(store, ddb_client, table_name):
+    cycle = Cycle(store, ttl_seconds=3600)
+    handler = Handler({"ok": 1})
+    order = {"orderId": "o-1", "amount": 10}
+    assert cycle.run(KEYS.key(order), handler, LONG, KEYS.fingerprint(order)).value == {"ok": 1}
+    item = ddb_client.get_item(TableName=table_name, Key={"id": {"S": KEYS.key(order)}}, ConsistentRead=True)["Item"]
+    assert item["payload_hash"]["S"] == KEYS.fingerprint(order) and len(item["payload_hash"]["S"]) == 64
+    changed = {"orderId": "o-1", "amount": "S3CRET-AMOUNT"}
+    assert KEYS.key(changed) == KEYS.key(order) and KEYS.fingerprint(changed) != KEYS.fingerprint(order)
+    with pytest.raises(IdempotencyPayloadMismatchError, match="was used before with another payload") as caught:
+        cycle.run(KEYS.key(changed), handler, LONG, KEYS.fingerprint(changed))
+    assert "S3CRET" not in str(caught.value)  # names the key, never the payload
+    same = {"orderId": "o-1", "amount": 10, "note": "not in the fingerprint"}
+    assert cycle.run(KEYS.key(same), handler, LONG, KEYS.fingerprint(same)).replayed
+    assert len(handler.calls) == 1
+
+
+def test_a_copy_with_another_payload_is_refused_while_the_first_is_in_progress(store):
+    cycle = Cycle(store, ttl_seconds=3600)
+    assert isinstance(cycle.claim(KEY, LONG, "a" * 64), str)
+    with pytest.raises(IdempotencyPayloadMismatchError):
+        cycle.run(KEY, Handler(), LONG, "b" * 64)
+    with pytest.raises(IdempotencyAlreadyInProgressError):
+        cycle.run(KEY, Handler(), LONG, "a" * 64)
+
+
+def test_the_local_cache_checks_the_fingerprint_before_replaying(store, proxy):
+    cycle = Cycle(store, ttl_seconds=3600, cache_size=10)
+    handler = Handler("v")
+    cycle.run(KEY, handler, LONG, "a" * 64)
+    proxy.reset()
+    with pytest.raises(IdempotencyPayloadMismatchError):
+        cycle.run(KEY, handler, LONG, "b" * 64)
+    assert cycle.run(KEY, handler, LONG, "a" * 64).replayed
+    assert proxy.snapshot()[0] == {}  # both answered from the cache
+    # A record replayed from the table enters the cache with its fingerprint, after the check.
+    other = Cycle(store, ttl_seconds=3600, cache_size=10)
+    with pytest.raises(IdempotencyPayloadMismatchError):
+        other.run(KEY, handler, LONG, "b" * 64)
+    assert other.cached(KEY) is None  # a refused copy put nothing in the cache
+    assert other.run(KEY, handler, LONG, "a" * 64).replayed
+    with pytest.raises(IdempotencyPayloadMismatchError):
+        other.cached(KEY, "b" * 64)
+    assert len(handler.calls) == 1
+
+
+def test_a_record_without_a_fingerprint_replays_to_any_payload(store):
+    Cycle(store, ttl_seconds=3600).run(KEY, Handler("first"), LONG)  # before the setting was turned on
+    handler = Handler("second")
+    assert Cycle(store, ttl_seconds=3600).run(KEY, handler, LONG, "a" * 64).value == "first"
+    assert handler.calls == []
+
+
+def test_batch_records_with_another_payload_are_reported(store):
+    keys = KeyDeriver("fn", "json_parse(body).order", "json_parse(body).amount")
+    runs: list[str] = []
+
+    def consumer(event, context):
+        runs.extend(json.loads(r["body"])["tag"] for r in event["Records"])
+
+    run = batch.Runner(Cycle(store, ttl_seconds=3600), keys, False, consumer)
+    first = events.json_message({"order": "A", "amount": 1, "tag": "a1"})
+    twin = events.json_message({"order": "A", "amount": 2, "tag": "a2"})  # same key, another amount
+    copy = events.json_message({"order": "A", "amount": 1, "tag": "a3"})  # same key, same amount
+    event = events.sqs_event([first, twin, copy])
+    response = run.run(batch.parse(event, False), event, None, LONG)
+    assert response == {"batchItemFailures": [{"itemIdentifier": twin.message_id}]}
+    assert runs == ["a1"]
+    later = events.sqs_event([events.json_message({"order": "A", "amount": 3, "tag": "a4"})])
+    response = run.run(batch.parse(later, False), later, None, LONG)
+    assert response == {"batchItemFailures": [{"itemIdentifier": later["Records"][0]["messageId"]}]}
+    assert runs == ["a1"]
+
+
+def test_in_progress_seconds_keeps_a_claim_past_the_invocations_deadline(store):
+    cycle = Cycle(store, ttl_seconds=3600, min_claim_ms=600_000)
+    before = time.time()
+    assert isinstance(cycle.claim(KEY, 1_000, None), str)
+    record = store.get(KEY)
+    assert record.in_progress_until >= int(before * 1000) + 600_000
+    assert record.expires_at >= int(before) + 3600
+    time.sleep(1.2)  # the invocation's own deadline has passed; the floor has not
+    with pytest.raises(IdempotencyAlreadyInProgressError):
+        Cycle(store, ttl_seconds=3600).run(KEY, Handler(), LONG)
+    # Never shorter than the invocation may run.
+    assert isinstance(Cycle(store, ttl_seconds=3600, min_claim_ms=1_000).claim("fn#other", 60_000, None), str)
+    assert store.get("fn#other").in_progress_until >= int(before * 1000) + 60_000
+
+
+def _first_running(store, handler: Handler) -> threading.Thread:
+    thread = threading.Thread(target=lambda: Cycle(store, ttl_seconds=3600).run(KEY, handler, LONG), daemon=True)
+    thread.start()
+    assert handler.started.wait(30)
+    return thread
+
+
+def test_a_waiting_copy_replays_the_first_runs_result(store, proxy):
+    gate = threading.Event()
+    first = Handler({"n": 1}, gate=gate)
+    thread = _first_running(store, first)
+    threading.Timer(0.4, gate.set).start()
+    proxy.reset()
+    copy = Handler({"n": 2})
+    outcome = Cycle(store, ttl_seconds=3600, wait_seconds=10).run(KEY, copy, LONG)
+    thread.join(30)
+    assert outcome == (({"n": 1}), True)
+    assert (len(first.calls), len(copy.calls)) == (1, 0)
+    requests = proxy.snapshot()[0]
+    # The claim that found it running, one consistent read per poll, the first's completion among them.
+    assert requests.get("PutItem") == 1 and requests.get("GetItem", 0) >= 2
+    assert set(requests) <= {"PutItem", "GetItem", "UpdateItem"}
+
+
+def test_a_waiting_copy_runs_itself_when_the_first_run_fails(store):
+    gate = threading.Event()
+    first = Handler(error=ValueError("first failed"), gate=gate)
+    raised: list[BaseException] = []
+
+    def run_first() -> None:
+        try:
+            Cycle(store, ttl_seconds=3600).run(KEY, first, LONG)
+        except ValueError as error:
+            raised.append(error)
+
+    thread = threading.Thread(target=run_first, daemon=True)
+    thread.start()
+    assert first.started.wait(30)
+    threading.Timer(0.3, gate.set).start()
+    copy = Handler("mine")
+    outcome = Cycle(store, ttl_seconds=3600, wait_seconds=10).run(KEY, copy, LONG)
+    thread.join(30)
+    assert outcome == ("mine", False)
+    assert (len(first.calls), len(copy.calls)) == (1, 1) and len(raised) == 1
+
+
+def test_a_wait_that_runs_out_raises_in_progress_and_never_runs_the_handler(store):
+    gate = threading.Event()
+    thread = _first_running(store, Handler(gate=gate))
+    try:
+        copy = Handler()
+        started = time.monotonic()
+        with pytest.raises(IdempotencyAlreadyInProgressError, match="after waiting"):
+            Cycle(store, ttl_seconds=3600, wait_seconds=0.5).run(KEY, copy, LONG)
+        assert time.monotonic() - started >= 0.2  # it did poll before giving up
+        # An invocation about to run out of time does not wait at all.
+        with pytest.raises(IdempotencyAlreadyInProgressError):
+            Cycle(store, ttl_seconds=3600, wait_seconds=10).run(KEY, copy, 900)
+        assert copy.calls == []
+    finally:
+        gate.set()
+        thread.join(30)
+
+
+def test_a_waiting_copy_with_another_payload_is_refused(store):
+    cycle = Cycle(store, ttl_seconds=3600)
+    owner = cycle.claim(KEY, LONG, "a" * 64)
+    assert isinstance(owner, str)
+    waiter = Cycle(store, ttl_seconds=3600, wait_seconds=5)
+    with pytest.raises(IdempotencyPayloadMismatchError):
+        waiter.run(KEY, Handler(), LONG, "b" * 64)
+    cycle.release(KEY, owner)
