@@ -19,6 +19,8 @@ _FALSE = frozenset({"false", "0", "no"})
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _TRANSPORTS = ("lean", "boto3")
 _SCOPES = ("auto", "event", "record")
+_WHOLE = re.compile(r"-?[0-9]+")
+_DECIMAL = re.compile(r"-?[0-9]+(\.[0-9]+)?|-?\.[0-9]+")
 _TABLE_NAME = re.compile(r"[A-Za-z0-9_.-]{3,255}")
 _TABLE_ARN = re.compile(r"arn:aws[a-z-]*:dynamodb:[a-z0-9-]+:[0-9]{12}:table/[A-Za-z0-9_.-]{3,255}")
 _DIGEST_CHARS = 1 + 64  # "#" and the sha256 hex digest after the prefix
@@ -103,10 +105,9 @@ def _number(env: Mapping[str, str], name: str, default: float, minimum: float, m
     value = _text(env, name)
     if value is None:
         return default
-    try:
-        number = kind(value)
-    except ValueError:
-        number = None
+    # Plain ASCII decimals only: Python's int() and float() also take "1_0", other scripts' digits, "inf".
+    pattern = _WHOLE if kind is int else _DECIMAL
+    number = kind(value) if pattern.fullmatch(value) else None
     if number is None or not minimum <= number <= maximum:
         what = "a whole number" if kind is int else "seconds"
         raise IdempotencyConfigurationError(

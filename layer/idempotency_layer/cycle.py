@@ -95,8 +95,11 @@ class LocalCache:
 
 
 def _check_fingerprint(key: str, stored: str | None, given: str | None) -> None:
-    # A record claimed before IDEMPOTENCY_PAYLOAD_JMESPATH was set has no fingerprint: nothing to compare.
-    if stored is not None and given is not None and stored != given:
+    # A record claimed before IDEMPOTENCY_PAYLOAD_JMESPATH was set, or under another expression (the part after
+    # the dot names it), has nothing this copy's fingerprint can be compared with.
+    if stored is None or given is None or stored.partition(".")[2] != given.partition(".")[2]:
+        return
+    if stored != given:
         raise IdempotencyPayloadMismatchError(
             f"key {key!r} was used before with another payload (IDEMPOTENCY_PAYLOAD_JMESPATH selects something "
             "else from this event); the handler did not run"
@@ -273,12 +276,13 @@ class Cycle:
         budget = min(self.wait_seconds, (remaining_ms - WAIT_MARGIN_MS) / 1000)
         delay = FIRST_POLL_S
         while True:
-            if time.monotonic() - started + delay > budget:
+            left = budget - (time.monotonic() - started)
+            if left <= 0:
                 raise IdempotencyAlreadyInProgressError(
                     f"another invocation is still running key {key!r} after waiting {time.monotonic() - started:.1f} s "
                     "for it (IDEMPOTENCY_WAIT_SECONDS)"
                 )
-            self.sleep(delay * (0.5 + random.random() / 2))
+            self.sleep(min(delay * (0.5 + random.random() / 2), left))  # the last poll lands as the wait ends
             delay = min(delay * 2, LAST_POLL_S)
             record = self.store.get(key)  # a consistent read
             now = self.clock()

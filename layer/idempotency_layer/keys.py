@@ -166,14 +166,17 @@ class KeyDeriver:
         self.payload = payload
         self._select: Callable[[Any], Any] | None = _compile(expression) if expression else None
         self._payload = _compile(payload, "IDEMPOTENCY_PAYLOAD_JMESPATH") if payload else None
+        # Which expression made a fingerprint: one made by another expression cannot be compared with ours.
+        self._tag = hashlib.sha256(payload.encode()).hexdigest()[:16] if payload else ""
 
     def fingerprint(self, event: Any) -> str | None:
-        """The SHA-256 of what the payload expression selects (null included), or None when none is set."""
+        """`<SHA-256 of what the payload expression selects, null included>.<tag of the expression>`, or None
+        when none is set."""
         if self._payload is None:
             return None
         selected = self._payload(event)
         try:
-            return digest(selected)
+            return f"{digest(selected)}.{self._tag}"
         except Exception as error:
             raise IdempotencyKeyError(
                 f"the value selected by IDEMPOTENCY_PAYLOAD_JMESPATH={self.payload!r} cannot be hashed: "

@@ -46,7 +46,7 @@ def test_a_fingerprint_is_stored_and_a_copy_with_another_payload_is_refused(stor
     order = {"orderId": "o-1", "amount": 10}
     assert cycle.run(KEYS.key(order), handler, LONG, KEYS.fingerprint(order)).value == {"ok": 1}
     item = ddb_client.get_item(TableName=table_name, Key={"id": {"S": KEYS.key(order)}}, ConsistentRead=True)["Item"]
-    assert item["payload_hash"]["S"] == KEYS.fingerprint(order) and len(item["payload_hash"]["S"]) == 64
+    assert item["payload_hash"]["S"] == KEYS.fingerprint(order) and len(item["payload_hash"]["S"]) == 64 + 1 + 16
     changed = {"orderId": "o-1", "amount": "S3CRET-AMOUNT"}
     assert KEYS.key(changed) == KEYS.key(order) and KEYS.fingerprint(changed) != KEYS.fingerprint(order)
     with pytest.raises(IdempotencyPayloadMismatchError, match="was used before with another payload") as caught:
@@ -91,6 +91,17 @@ def test_a_record_without_a_fingerprint_replays_to_any_payload(store):
     handler = Handler("second")
     assert Cycle(store, ttl_seconds=3600).run(KEY, handler, LONG, "a" * 64).value == "first"
     assert handler.calls == []
+
+
+def test_a_record_fingerprinted_by_another_expression_is_not_compared(store):
+    before = KeyDeriver("fn", "orderId", "p")
+    after = KeyDeriver("fn", "orderId", "q")
+    event = {"orderId": "o-1", "p": 1, "q": 2}
+    handler = Handler("first")
+    Cycle(store, ttl_seconds=3600).run(before.key(event), handler, LONG, before.fingerprint(event))
+    # The same event under the changed setting: a retry, not another payload.
+    assert Cycle(store, ttl_seconds=3600).run(after.key(event), handler, LONG, after.fingerprint(event)).replayed
+    assert len(handler.calls) == 1
 
 
 def test_batch_records_with_another_payload_are_reported(store):
@@ -180,10 +191,17 @@ def test_a_wait_that_runs_out_raises_in_progress_and_never_runs_the_handler(stor
     thread = _first_running(store, Handler(gate=gate))
     try:
         copy = Handler()
+        slept: list[float] = []
+
+        def sleep(seconds: float) -> None:
+            slept.append(seconds)
+            time.sleep(seconds)
+
         started = time.monotonic()
         with pytest.raises(IdempotencyAlreadyInProgressError, match="after waiting"):
-            Cycle(store, ttl_seconds=3600, wait_seconds=0.5).run(KEY, copy, LONG)
-        assert time.monotonic() - started >= 0.2  # it did poll before giving up
+            Cycle(store, ttl_seconds=3600, wait_seconds=1.5, sleep=sleep).run(KEY, copy, LONG)
+        assert time.monotonic() - started >= 1.5  # it gives up only once the whole wait is spent
+        assert len(slept) >= 3 and max(slept) <= 1.0  # polling all along, never more than 1 s apart
         # An invocation about to run out of time does not wait at all.
         with pytest.raises(IdempotencyAlreadyInProgressError):
             Cycle(store, ttl_seconds=3600, wait_seconds=10).run(KEY, copy, 900)

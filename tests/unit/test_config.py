@@ -58,6 +58,11 @@ def test_false_booleans(text):
         ("IDEMPOTENCY_WAIT_SECONDS", "901", "seconds from 0"),
         ("IDEMPOTENCY_WAIT_SECONDS", "soon", "seconds"),
         ("IDEMPOTENCY_IN_PROGRESS_SECONDS", "-1", "whole number from 0"),
+        ("IDEMPOTENCY_IN_PROGRESS_SECONDS", "1_000", "whole number"),
+        ("IDEMPOTENCY_WAIT_SECONDS", "1_0", "seconds"),
+        ("IDEMPOTENCY_WAIT_SECONDS", "\uff15", "seconds"),  # a fullwidth digit five
+        ("IDEMPOTENCY_TTL_SECONDS", "\u0665", "whole number"),  # an Arabic-Indic digit five
+        ("IDEMPOTENCY_READ_TIMEOUT", "1e1", "seconds"),
     ],
 )
 def test_bad_settings_name_variable_value_and_accepted(name, value, accepted):
@@ -179,3 +184,9 @@ def test_the_payload_hash_attribute_must_not_clash():
     clash = "IDEMPOTENCY_STATUS_ATTR and IDEMPOTENCY_PAYLOAD_HASH_ATTR"
     with pytest.raises(IdempotencyConfigurationError, match=clash):
         load({**BASE, "IDEMPOTENCY_PAYLOAD_HASH_ATTR": "status"})
+
+
+def test_empty_or_blank_values_count_as_unset():
+    config = load({**BASE, "IDEMPOTENCY_TTL_SECONDS": "  ", "IDEMPOTENCY_PAYLOAD_JMESPATH": "",
+                   "IDEMPOTENCY_WAIT_SECONDS": " ", "IDEMPOTENCY_SCOPE": ""})
+    assert (config.ttl_seconds, config.payload_jmespath, config.wait_seconds, config.scope) == (3600, None, 0, "auto")

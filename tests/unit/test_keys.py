@@ -229,8 +229,10 @@ def test_a_bad_payload_expression_fails_init_naming_its_variable(expression):
 def test_fingerprints_are_sha256_of_the_selection_and_none_without_the_setting():
     keys = KeyDeriver("fn", "orderId", "json_parse(body)")
     event = {"orderId": "1", "body": '{"b": 2, "a": 1}'}
-    assert keys.fingerprint(event) == hashlib.sha256(b'{"a":1,"b":2}').hexdigest()
-    assert keys.fingerprint({"orderId": "1"}) == hashlib.sha256(b"null").hexdigest()  # nothing is a payload too
+    tag = hashlib.sha256(b"json_parse(body)").hexdigest()[:16]  # which expression made it
+    assert keys.fingerprint(event) == hashlib.sha256(b'{"a":1,"b":2}').hexdigest() + "." + tag
+    assert keys.fingerprint({"orderId": "1"}) == hashlib.sha256(b"null").hexdigest() + "." + tag  # null too
+    assert KeyDeriver("fn", "orderId", "body").fingerprint(event).partition(".")[2] != tag
     assert KeyDeriver("fn", "orderId").fingerprint(event) is None
     with pytest.raises(IdempotencyKeyError, match="IDEMPOTENCY_PAYLOAD_JMESPATH='json_parse\\(body\\)' could not"):
         keys.fingerprint({"orderId": "1", "body": "not json"})
