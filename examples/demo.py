@@ -1,5 +1,5 @@
-"""./build.sh demo: the unmodified examples/orders handler and examples/shipments SQS consumer, made
-exactly-once by the built layer, locally.
+"""./build.sh demo: the unmodified examples/orders handler, examples/shipments SQS consumer and
+examples/orders_api HTTP handler, made exactly-once by the built layer, locally.
 
 DynamoDB Local holds the records; AWS's Runtime Interface Emulator runs the handler the way the managed
 Python runtime does (AWS_LAMBDA_EXEC_WRAPPER=/opt/idempotency-wrapper, the layer unzipped as /opt). What
@@ -17,6 +17,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ import boto3
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.support import downloads, events  # noqa: E402 (needs the repository root on the path)
+from tests.support import downloads, events, http_events  # noqa: E402 (needs the repository root on the path)
 from tests.support.dynamodb_local import DynamoDBLocal, create_table  # noqa: E402
 from tests.support.rie import LambdaEnvironment  # noqa: E402
 
@@ -108,6 +109,59 @@ def shipments_demo(make: Any, work: Path) -> int:
     return sum(n != 1 for n in counts.values()) + (len(failed) != 2)
 
 
+def http_demo(make: Any, work: Path) -> int:
+    """4) The HTTP handler behind an HTTP API: a retry replayed and marked, a concurrent duplicate answered 409
+    (or, waiting, with the replay), a reused key with another body answered 422; each order placed once."""
+    orders_file = work / "api-orders.log"
+    settings = {"ORDERS_FILE": str(orders_file), "PLACE_ORDER_SECONDS": "2"}
+    first_env, busy_env = make("orders_api", settings, "a"), make("orders_api", settings, "b")
+    waiting_env = make("orders_api", {**settings, "IDEMPOTENCY_WAIT_SECONDS": "5"}, "c")
+    body = json.dumps({"items": [{"sku": "LAMP-3", "quantity": 1}]})
+
+    def post(env: LambdaEnvironment, key: str, text: str = body) -> dict[str, Any]:
+        headers = {"content-type": "application/json", "idempotency-key": f'"{key}"'}
+        return json.loads(env.invoke(http_events.v2("POST", "/orders", headers, text, route="POST /orders")).body)
+
+    def show_http(label: str, response: dict[str, Any]) -> None:
+        headers = {k.lower(): v for k, v in (response.get("headers") or {}).items()}
+        extra = [f"{name}: {headers[name]}" for name in ("idempotent-replayed", "retry-after") if name in headers]
+        detail = json.loads(response["body"]).get("orderId") or json.loads(response["body"]).get("title")
+        print(f"   {label}: {response['statusCode']} {detail}{'; ' + ', '.join(extra) if extra else ''}")
+
+    def in_background(env: LambdaEnvironment, key: str) -> tuple[threading.Thread, dict[str, Any]]:
+        box: dict[str, Any] = {}
+        thread = threading.Thread(target=lambda: box.update(r=post(env, key)))
+        thread.start()
+        return thread, box
+
+    print("\n4) examples/orders_api (an HTTP API handler, no idempotency code) with Idempotency-Key")
+    for env in (first_env, busy_env, waiting_env):
+        post(env, f"warm-up-{id(env)}")
+    placed_before = len(orders_file.read_text().splitlines())
+    first = post(first_env, "key-1")
+    show_http("POST key-1", first)
+    retry = post(first_env, "key-1")
+    show_http("POST key-1 again (the client's retry)", retry)
+    thread, _ = in_background(first_env, "key-2")
+    time.sleep(0.5)  # the first is inside its 2 s order placement now
+    busy = post(busy_env, "key-2")
+    show_http("POST key-2 while its first request runs", busy)
+    thread.join()
+    thread, box3 = in_background(first_env, "key-3")
+    time.sleep(0.5)  # the first is inside its 2 s order placement now
+    waited = post(waiting_env, "key-3")
+    show_http("POST key-3 while its first runs, IDEMPOTENCY_WAIT_SECONDS=5", waited)
+    thread.join()
+    mismatch = post(first_env, "key-1", json.dumps({"items": [{"sku": "SOFA-9", "quantity": 2}]}))
+    show_http("POST key-1 with another order", mismatch)
+    placed = len(orders_file.read_text().splitlines()) - placed_before
+    print(f"   {orders_file.name}: {placed} order(s) placed for 3 keys")
+    ok = (first["statusCode"] == 201 and retry["body"] == first["body"]
+          and retry["headers"].get("Idempotent-Replayed") == "true" and busy["statusCode"] == 409
+          and waited["body"] == box3["r"]["body"] and mismatch["statusCode"] == 422 and placed == 3)
+    return 0 if ok else 1
+
+
 def main() -> int:
     arch = "arm64" if platform.machine() in ("aarch64", "arm64") else "x86_64"
     zip_path = ROOT / "dist" / f"idempotency-layer-{arch}.zip"
@@ -119,8 +173,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="idempotency-demo-"))
     task_root, opt, orders_file = work / "task", work / "opt", work / "orders.log"
     shutil.copytree(ROOT / "examples" / "orders", task_root, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ROOT / "examples" / "shipments", work / "shipments",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    for example in ("shipments", "orders_api"):
+        shutil.copytree(ROOT / "examples" / example, work / example, ignore=shutil.ignore_patterns("__pycache__"))
     unzip_layer(zip_path, opt)
 
     failures = 0
@@ -218,7 +272,19 @@ def main() -> int:
             return env.start()
 
         failures += shipments_demo(consumer, work)
-        print("\ndemo: OK: every order placed once, every message shipped once" if not failures else "demo: FAILED")
+
+        def api(name: str, extra: dict[str, str], index: str) -> LambdaEnvironment:
+            settings = {k: v for k, v in function_env.items() if k != "IDEMPOTENCY_KEY_JMESPATH"}
+            env = LambdaEnvironment(
+                python=runtimes[version], task_root=work / name, opt_dir=opt,
+                log_path=work / f"rie-{name}-{index}.log", env={**settings, **extra}, function_name=f"{name}-demo",
+            )
+            environments.append(env)
+            return env.start()
+
+        failures += http_demo(api, work)
+        print("\ndemo: OK: every order placed once, every message shipped once, every request run once"
+              if not failures else "demo: FAILED")
     except Exception:
         for env in environments:
             print(f"--- {env.log_path}\n{env.log_tail(3000)}", file=sys.stderr)

@@ -19,6 +19,8 @@ _FALSE = frozenset({"false", "0", "no"})
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _TRANSPORTS = ("lean", "boto3")
 _SCOPES = ("auto", "event", "record")
+_HTTP_MODES = ("auto", "off")
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")  # an HTTP token
 _WHOLE = re.compile(r"-?[0-9]+")
 _DECIMAL = re.compile(r"-?[0-9]+(\.[0-9]+)?|-?\.[0-9]+")
 _TABLE_NAME = re.compile(r"[A-Za-z0-9_.-]{3,255}")
@@ -60,6 +62,8 @@ class Config:
     scope: str  # auto: batches from SQS, Kinesis, DynamoDB Streams per record, other events whole; event; record
     key_jmespath: str | None  # None: the whole event (a batch record: its delivery identity)
     payload_jmespath: str | None  # the part of the event a reused key must match (its SHA-256); None: unchecked
+    http: str  # auto: API Gateway, Function URL and ALB events get HTTP semantics; off: handled like any event
+    key_header: str  # the request header holding the idempotency key of an HTTP event
     key_prefix: str
     require_key: bool
     ttl_seconds: int
@@ -176,6 +180,14 @@ def load(env: Mapping[str, str] | None = None) -> Config:
     if key_jmespath == "@":
         key_jmespath = None
 
+    key_header = _text(env, "IDEMPOTENCY_KEY_HEADER", "Idempotency-Key")
+    assert key_header is not None
+    if not _HEADER_NAME.fullmatch(key_header):
+        raise IdempotencyConfigurationError(
+            f"IDEMPOTENCY_KEY_HEADER={key_header!r} is not an HTTP header name (1 to 128 of A-Z a-z 0-9 and "
+            "!#$%&'*+.^_`|~-)"
+        )
+
     defaults = Attributes()
     attributes = Attributes(
         **{field: _attribute(env, variable, getattr(defaults, field)) for field, variable in _ATTR_VARIABLES.items()}
@@ -221,6 +233,8 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         scope=_choice(env, "IDEMPOTENCY_SCOPE", "auto", _SCOPES),
         key_jmespath=key_jmespath,
         payload_jmespath=_text(env, "IDEMPOTENCY_PAYLOAD_JMESPATH"),
+        http=_choice(env, "IDEMPOTENCY_HTTP", "auto", _HTTP_MODES),
+        key_header=key_header,
         key_prefix=prefix or "",
         require_key=_bool(env, "IDEMPOTENCY_REQUIRE_KEY", False),
         ttl_seconds=_int(env, "IDEMPOTENCY_TTL_SECONDS", 3600, 1, 366 * 24 * 3600),

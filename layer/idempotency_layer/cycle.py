@@ -134,17 +134,21 @@ class Cycle:
         # handler, since no run of it could be recorded and every duplicate would run again.
         self.refusal: str | None = None
 
-    def run(self, key: str, invoke: Callable[[], Any], remaining_ms: int, fingerprint: str | None = None) -> Outcome:
+    def run(self, key: str, invoke: Callable[[], Any], remaining_ms: int, fingerprint: str | None = None,
+            results: Results | None = None, keep: Callable[[Any], bool] | None = None) -> Outcome:
         """Run `invoke` once for `key`, or replay the result of the run that did.
 
         `remaining_ms` is how long this invocation may still take: the claim lasts that long. A result that
         `results.encode` finds undeliverable is not stored, and the claim is released. `fingerprint`, when
-        given, must match the one the key's record was claimed with.
+        given, must match the one the key's record was claimed with. `results` overrides how this key's
+        result is stored and handed back; a result `keep` refuses is handed back but not stored (the claim
+        is released, so a retry runs again).
         """
+        results = results or self.results
         self.check()
         cached = self.cached(key, fingerprint)
         if cached is not None:
-            return Outcome(self._decode(key, cached), True)
+            return Outcome(self._decode(key, cached, results), True)
         try:
             claimed = self.claim(key, remaining_ms, fingerprint)
         except IdempotencyAlreadyInProgressError:
@@ -152,8 +156,8 @@ class Cycle:
                 raise
             claimed = self._wait(key, remaining_ms, fingerprint)
         if isinstance(claimed, Record):
-            return self._replay(claimed)
-        return Outcome(self._invoke(key, claimed, invoke, fingerprint), False)
+            return self._replay(claimed, results)
+        return Outcome(self._invoke(key, claimed, invoke, fingerprint, results, keep), False)
 
     # -- the steps, for callers that run many keys around one handler call (batch records) ----------------
 
@@ -249,7 +253,7 @@ class Cycle:
             "the client clock and the table disagree"
         )
 
-    def _decode(self, key: str, result: codec.Encoded) -> Any:
+    def _decode(self, key: str, result: codec.Encoded, results: Results | None = None) -> Any:
         if result.format == codec.DONE:
             raise IdempotencyKeyError(
                 f"key {key!r} was completed as a batch record, which keeps no result, so this event cannot be "
@@ -262,7 +266,7 @@ class Cycle:
                 "so it cannot be replayed"
             )
         try:
-            return self.results.decode(result)
+            return (results or self.results).decode(result)
         except Exception as error:
             raise IdempotencyPersistenceLayerError(
                 f"the stored result of key {key!r} (format {result.format!r}) cannot be decoded: "
@@ -299,24 +303,28 @@ class Cycle:
             except IdempotencyAlreadyInProgressError:
                 continue  # another copy claimed it first: wait for that one
 
-    def _replay(self, record: Record) -> Outcome:
+    def _replay(self, record: Record, results: Results | None = None) -> Outcome:
         result = record.result
         if result is None:
             raise IdempotencyPersistenceLayerError(f"record {record.key!r} is completed but has no result format")
-        value = self._decode(record.key, result)
+        value = self._decode(record.key, result, results)
         if self.cache is not None:
             self.cache.put(record.key, record.expires_at, result, record.fingerprint)
         return Outcome(value, True)
 
-    def _invoke(self, key: str, owner: str, invoke: Callable[[], Any], fingerprint: str | None = None) -> Any:
+    def _invoke(self, key: str, owner: str, invoke: Callable[[], Any], fingerprint: str | None = None,
+                results: Results | None = None, keep: Callable[[Any], bool] | None = None) -> Any:
         try:
             value = invoke()
         except BaseException:
             self.release(key, owner)
             raise
+        if keep is not None and not keep(value):
+            self.release(key, owner)  # e.g. an HTTP 5xx: the work did not complete, so a retry must run again
+            return value
         # From here on the handler has run: every failure of ours ends in a completion, never a bare claim.
         try:
-            delivered, result = self.results.encode(value)
+            delivered, result = (results or self.results).encode(value)
         except Undeliverable:
             self.release(key, owner)  # the runtime reports its own error for it, as it would without us
             return value

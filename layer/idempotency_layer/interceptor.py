@@ -14,7 +14,15 @@ from functools import partial
 from typing import Any
 
 from . import config as _config
-from .errors import IdempotencyConfigurationError, IdempotencyKeyError
+from .errors import (
+    IdempotencyAlreadyInProgressError,
+    IdempotencyClaimConflictError,
+    IdempotencyConfigurationError,
+    IdempotencyKeyError,
+    IdempotencyPayloadMismatchError,
+    IdempotencyPersistenceLayerError,
+    IdempotencyResultTooLargeError,
+)
 from .log import setup
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -102,6 +110,31 @@ def _results() -> Any:
     return RuntimeResults()
 
 
+def _value_results() -> Any:
+    """Results stored and replayed as values, checked first with the runtime's marshaller when there is one.
+
+    For HTTP responses: a replay gains the Idempotent-Replayed header, so it is a value to amend, not the
+    first response's bytes."""
+    from .cycle import Undeliverable, ValueResults
+
+    marshaller = _runtime_module(
+        "LambdaMarshaller", "awslambdaric.lambda_runtime_marshaller", "lambda_runtime_marshaller"
+    )
+    if marshaller is None:
+        return ValueResults()
+    marshal = marshaller().marshal_response
+
+    class CheckedValues(ValueResults):
+        def encode(self, value: Any) -> tuple[Any, Any]:
+            try:
+                marshal(value)
+            except Exception:
+                raise Undeliverable from None
+            return super().encode(value)
+
+    return CheckedValues()
+
+
 def _without_layer_frames(tb: Any) -> Any:
     while tb is not None and os.path.dirname(tb.tb_frame.f_code.co_filename).startswith(_PACKAGE_DIR):
         tb = tb.tb_next
@@ -159,8 +192,16 @@ else:
         remaining = getattr(context, "get_remaining_time_in_millis", None)
         return remaining() if remaining is not None else _LONGEST_INVOCATION_MS
 
+    _http_results: Any = None  # built for the first HTTP event
+
     def handler(event: Any, context: Any) -> Any:  # type: ignore[misc]
         try:
+            if CONFIG.http == "auto" and isinstance(event, dict) and isinstance(event.get("requestContext"), dict):
+                from .sources import http  # only functions behind an HTTP source pay for its import
+
+                request = http.parse(event)
+                if request is not None:
+                    return _http(http, request, event, context)
             runner, batch = _batch_of(event)
             if batch is not None:
                 return runner.run(batch, event, context, _remaining_ms(context))
@@ -185,3 +226,51 @@ else:
             return user_handler(event, context)
         fingerprint = _keys.fingerprint(event)
         return _cycle.run(key, partial(user_handler, event, context), _remaining_ms(context), fingerprint).value
+
+    def _http(http: Any, request: Any, event: Any, context: Any) -> Any:
+        """An HTTP request: the key from the header, the layer's errors as HTTP responses, replays marked."""
+        global _http_results
+        try:
+            value = http.key_header(request, CONFIG.key_header)
+        except http.HeaderError as error:
+            return http.problem(request, 400, str(error))
+        try:
+            if value is not None:
+                key = _keys.key_of(http.key_material(request, value))
+                if CONFIG.payload_jmespath:
+                    fingerprint = _keys.fingerprint(event)
+                else:
+                    from .keys import digest
+
+                    fingerprint = f"{digest(http.default_payload(request))}.http"
+            elif CONFIG.key_jmespath:
+                key = _keys.key(event)
+                fingerprint = _keys.fingerprint(event)
+            else:
+                key = fingerprint = None  # the whole-event key would make every retry new: requests carry ids
+        except IdempotencyKeyError as error:
+            return http.problem(request, 400, str(error))
+        if key is None:
+            if CONFIG.require_key:
+                return http.problem(
+                    request, 400, f"the request has no {CONFIG.key_header} header and IDEMPOTENCY_REQUIRE_KEY is true"
+                )
+            return user_handler(event, context)
+        if _http_results is None:
+            _http_results = _value_results()
+        try:
+            outcome = _cycle.run(key, partial(user_handler, event, context), _remaining_ms(context), fingerprint,
+                                 results=_http_results, keep=lambda response: http.status_of(request, response) < 500)
+        except IdempotencyPayloadMismatchError as error:
+            return http.problem(request, 422, str(error))
+        except IdempotencyAlreadyInProgressError as error:
+            return http.problem(request, 409, str(error), retry_after=1)
+        except IdempotencyResultTooLargeError as error:
+            return http.problem(request, 500, str(error))
+        except IdempotencyKeyError as error:
+            return http.problem(request, 400, str(error))
+        except (IdempotencyPersistenceLayerError, IdempotencyClaimConflictError) as error:
+            logger.error("%s", error)
+            return http.problem(request, 503, "the idempotency store is unavailable; the request did not run",
+                                retry_after=1)
+        return http.mark_replayed(request, outcome.value) if outcome.replayed else outcome.value

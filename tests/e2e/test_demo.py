@@ -11,7 +11,7 @@ from tests.support.rie import ensure_layer
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_demo_places_every_order_and_ships_every_message_once() -> None:
+def test_demo_runs_every_order_message_and_request_once() -> None:
     ensure_layer()
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / "demo.py")], capture_output=True, text=True,
                           timeout=300, cwd=ROOT)
@@ -21,4 +21,8 @@ def test_demo_places_every_order_and_ships_every_message_once() -> None:
     assert "failures reported: S-2, S-4; shipped so far 3" in out
     assert "the whole batch again: 5 message(s) in, failures reported: none; shipped so far 5" in out
     assert "shipments per order: S-1=1, S-2=1, S-3=1, S-4=1, S-5=1" in out
-    assert out.rstrip().endswith("demo: OK: every order placed once, every message shipped once")
+    assert "POST key-1 again (the client's retry): 201" in out and "idempotent-replayed: true" in out
+    assert "POST key-2 while its first request runs: 409 Conflict; retry-after: 1" in out
+    assert "POST key-1 with another order: 422" in out and "3 order(s) placed for 3 keys" in out
+    ok = "demo: OK: every order placed once, every message shipped once, every request run once"
+    assert out.rstrip().endswith(ok)

@@ -24,6 +24,7 @@ def test_defaults():
     assert config.scope == "auto"
     assert config.payload_jmespath is None and config.attributes.payload_hash == "payload_hash"
     assert config.in_progress_seconds == 0 and config.wait_seconds == 0
+    assert config.http == "auto" and config.key_header == "Idempotency-Key"
 
 
 def test_config_is_immutable():
@@ -55,6 +56,8 @@ def test_false_booleans(text):
         ("IDEMPOTENCY_TRANSPORT", "http2", "lean, boto3"),
         ("IDEMPOTENCY_LOG_LEVEL", "LOUD", "DEBUG, INFO, WARNING, ERROR"),
         ("IDEMPOTENCY_SCOPE", "records", "auto, event, record"),
+        ("IDEMPOTENCY_HTTP", "on", "auto, off"),
+        ("IDEMPOTENCY_KEY_HEADER", "Idempotency Key", "not an HTTP header name"),
         ("IDEMPOTENCY_WAIT_SECONDS", "901", "seconds from 0"),
         ("IDEMPOTENCY_WAIT_SECONDS", "soon", "seconds"),
         ("IDEMPOTENCY_IN_PROGRESS_SECONDS", "-1", "whole number from 0"),

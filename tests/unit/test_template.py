@@ -99,7 +99,7 @@ def test_queue_consumer_reports_batch_item_failures_and_has_a_dead_letter_queue(
     assert dead_letter["Type"] == "AWS::SQS::Queue" and redrive["maxReceiveCount"] >= 1
 
 
-@pytest.mark.parametrize("code", ["examples/orders/", "examples/shipments/"])
+@pytest.mark.parametrize("code", ["examples/orders/", "examples/shipments/", "examples/orders_api/"])
 def test_iam_is_exactly_four_item_actions_on_the_table(template: dict[str, Any], code: str) -> None:
     _, fn = resource_of_type(template, "AWS::Serverless::Function", CodeUri=code)
     policies = fn["Policies"]
@@ -117,7 +117,18 @@ def test_iam_is_exactly_four_item_actions_on_the_table(template: dict[str, Any],
 
 
 def test_every_function_is_one_of_the_examples(template: dict[str, Any]) -> None:
-    assert sorted(fn["CodeUri"] for fn in functions(template).values()) == ["examples/orders/", "examples/shipments/"]
+    assert sorted(fn["CodeUri"] for fn in functions(template).values()) == [
+        "examples/orders/", "examples/orders_api/", "examples/shipments/"]
+
+
+def test_http_function_sits_behind_an_http_api_with_the_header_configured(template: dict[str, Any]) -> None:
+    _, fn = resource_of_type(template, "AWS::Serverless::Function", CodeUri="examples/orders_api/")
+    env = fn["Environment"]["Variables"]
+    assert env["AWS_LAMBDA_EXEC_WRAPPER"] == "/opt/idempotency-wrapper"
+    assert env["IDEMPOTENCY_KEY_HEADER"] == "Idempotency-Key"
+    assert env["IDEMPOTENCY_TABLE"] == {"Ref": table_name(template)}
+    (event,) = fn["Events"].values()
+    assert event["Type"] == "HttpApi" and event["Properties"]["PayloadFormatVersion"] == "2.0"
 
 
 def test_outputs(template: dict[str, Any]) -> None:

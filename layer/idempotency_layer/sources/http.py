@@ -1,0 +1,224 @@
+"""HTTP requests: API Gateway REST (payload 1.0), HTTP API and Function URLs (payload 2.0), and ALB.
+
+Turns an HTTP event into what the cycle needs (a key from the Idempotency-Key header, scoped to the method,
+the route and the authenticated caller; a default payload fingerprint) and shapes responses the way each
+source expects them: problem responses (RFC 9457) for the layer's errors, and the replay marker header.
+Nothing here touches the table.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, NamedTuple
+
+MAX_KEY_LENGTH = 255
+REPLAYED = "Idempotent-Replayed"
+_TITLES = {400: "Bad Request", 409: "Conflict", 422: "Unprocessable Content", 500: "Internal Server Error",
+           503: "Service Unavailable"}
+
+
+class HeaderError(ValueError):
+    """The idempotency key header is malformed: the request gets a 400."""
+
+
+class Request(NamedTuple):
+    form: str  # "rest" (API Gateway payload 1.0), "v2" (HTTP API payload 2.0, Function URLs) or "alb"
+    method: str
+    route: str  # the route template when the source names one (resource, routeKey), else the path
+    path: str
+    query: Any  # the query as the source gives it (a string or a map), part of the default fingerprint
+    body: Any
+    headers: dict[str, list[str]]  # lower-cased names, every value
+    multi: bool  # the request came with multiValueHeaders: the response must use them too (ALB requires it)
+    caller: str | None  # the authenticated principal, when an authorizer or IAM named one
+
+
+def _get(value: Any, *path: str) -> Any:
+    for name in path:
+        value = value.get(name) if isinstance(value, dict) else None
+    return value
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _headers(event: dict[str, Any]) -> tuple[dict[str, list[str]], bool]:
+    found: dict[str, list[str]] = {}
+    multi = isinstance(event.get("multiValueHeaders"), dict)
+    if multi:
+        for name, values in event["multiValueHeaders"].items():
+            if isinstance(name, str) and isinstance(values, list):
+                found.setdefault(name.lower(), []).extend(v for v in values if isinstance(v, str))
+    elif isinstance(event.get("headers"), dict):
+        for name, value in event["headers"].items():
+            if isinstance(name, str) and isinstance(value, str):
+                found.setdefault(name.lower(), []).append(value)
+    return found, multi
+
+
+def _caller(event: dict[str, Any], form: str) -> str | None:
+    context = event.get("requestContext")
+    if form == "rest":
+        for label, path in (("lambda", ("authorizer", "principalId")), ("cognito", ("authorizer", "claims", "sub")),
+                            ("iam", ("identity", "userArn")), ("cognito-identity", ("identity", "cognitoIdentityId"))):
+            value = _text(_get(context, *path))
+            if value is not None:
+                return f"{label}:{value}"
+        return None
+    if form == "v2":
+        for label, path in (("jwt", ("authorizer", "jwt", "claims", "sub")), ("iam", ("authorizer", "iam", "userArn"))):
+            value = _text(_get(context, *path))
+            if value is not None:
+                return f"{label}:{value}"
+        lambda_context = _get(context, "authorizer", "lambda")
+        if isinstance(lambda_context, dict) and lambda_context:
+            return "lambda:" + json.dumps(lambda_context, sort_keys=True, separators=(",", ":"), default=str)
+    return None
+
+
+def parse(event: Any) -> Request | None:
+    """The HTTP request `event` is, or None when it has no HTTP source's shape."""
+    if not isinstance(event, dict) or not isinstance(event.get("requestContext"), dict):
+        return None
+    context = event["requestContext"]
+    if event.get("version") == "2.0" and isinstance(context.get("http"), dict):
+        form = "v2"
+        method = _text(context["http"].get("method")) or ""
+        path = _text(event.get("rawPath")) or _text(context["http"].get("path")) or ""
+        route_key = _text(event.get("routeKey"))
+        route = route_key if route_key and route_key != "$default" else path
+        query = event.get("rawQueryString") or ""
+    elif isinstance(context.get("elb"), dict):
+        form = "alb"
+        method = _text(event.get("httpMethod")) or ""
+        path = _text(event.get("path")) or ""
+        route = path
+        query = event.get("multiValueQueryStringParameters") or event.get("queryStringParameters") or {}
+    elif isinstance(event.get("httpMethod"), str) and _text(context.get("apiId")):
+        form = "rest"
+        method = event["httpMethod"]
+        path = _text(event.get("path")) or ""
+        route = _text(event.get("resource")) or path
+        query = event.get("multiValueQueryStringParameters") or event.get("queryStringParameters") or {}
+    else:
+        return None
+    headers, multi = _headers(event)
+    return Request(form, method.upper(), route, path, query, event.get("body"), headers, multi,
+                   _caller(event, form))
+
+
+def _bare(value: str) -> bool:
+    return all(0x21 <= ord(c) <= 0x7E and c not in '"\\,;' for c in value)
+
+
+def key_header(request: Request, name: str) -> str | None:
+    """The idempotency key the request carries in header `name`, or None when it has none.
+
+    The value is a Structured Field string (a quoted string, escapes for quote and backslash only), or a bare
+    run of visible ASCII; at most 255 characters. Raises `HeaderError` for anything else, or for the header
+    sent more than once."""
+    values = request.headers.get(name.lower())
+    if not values:
+        return None
+    if len(values) > 1:
+        raise HeaderError(f"the {name} header was sent {len(values)} times; send it once")
+    raw = values[0].strip(" \t")
+    if raw.startswith('"'):
+        if len(raw) < 2 or not raw.endswith('"'):
+            raise HeaderError(f"the {name} header is not a valid string: an opening quote without a closing one")
+        chars: list[str] = []
+        inner = raw[1:-1]
+        i = 0
+        while i < len(inner):
+            c = inner[i]
+            if c == "\\":
+                if i + 1 >= len(inner) or inner[i + 1] not in '"\\':
+                    raise HeaderError(f"the {name} header is not a valid string: only \\\" and \\\\ may be escaped")
+                chars.append(inner[i + 1])
+                i += 2
+                continue
+            if c == '"' or not 0x20 <= ord(c) <= 0x7E:
+                raise HeaderError(f"the {name} header is not a valid string: it holds a character a string may not")
+            chars.append(c)
+            i += 1
+        value = "".join(chars)
+    elif _bare(raw):
+        value = raw
+    else:
+        raise HeaderError(f"the {name} header is neither a quoted string nor a bare token of visible ASCII")
+    if not value:
+        raise HeaderError(f"the {name} header is empty")
+    if len(value) > MAX_KEY_LENGTH:
+        raise HeaderError(f"the {name} header is {len(value)} characters; at most {MAX_KEY_LENGTH} are accepted")
+    return value
+
+
+def key_material(request: Request, value: str) -> list[Any]:
+    """What the stored key is made of: one caller's key for one route, never another caller's."""
+    return [value, request.method, request.route, request.caller]
+
+
+def default_payload(request: Request) -> list[Any]:
+    """What a reused header key must match when IDEMPOTENCY_PAYLOAD_JMESPATH is unset."""
+    return [request.method, request.path, request.query, request.body]
+
+
+def _response(request: Request, status: int, headers: dict[str, str], body: str) -> dict[str, Any]:
+    response: dict[str, Any] = {"statusCode": status, "body": body, "isBase64Encoded": False}
+    if request.multi:
+        response["multiValueHeaders"] = {name: [value] for name, value in headers.items()}
+    else:
+        response["headers"] = dict(headers)
+    if request.form == "alb":
+        response["statusDescription"] = f"{status} {_TITLES.get(status, '')}".strip()
+    return response
+
+
+def problem(request: Request, status: int, detail: str, retry_after: int | None = None) -> dict[str, Any]:
+    """An application/problem+json response (RFC 9457) in the source's format; `detail` holds no event content."""
+    body = json.dumps({"type": "about:blank", "title": _TITLES.get(status, "Error"), "status": status,
+                       "detail": detail}, separators=(",", ":"))
+    headers = {"Content-Type": "application/problem+json"}
+    if retry_after is not None:
+        headers["Retry-After"] = str(max(1, retry_after))
+    return _response(request, status, headers, body)
+
+
+def status_of(request: Request, response: Any) -> int:
+    """The status the client sees for `response`: payload 2.0 infers 200 for a value without a statusCode;
+    REST and ALB answer 502 to anything that is not a response object."""
+    code = response.get("statusCode") if isinstance(response, dict) else None
+    if isinstance(code, bool):
+        code = None
+    if isinstance(code, str) and code.isdigit():
+        code = int(code)
+    if isinstance(code, int):
+        return code
+    return 200 if request.form == "v2" and (not isinstance(response, dict) or "statusCode" not in response) else 502
+
+
+def explicit(request: Request, response: Any) -> Any:
+    """A payload 2.0 value that is not a response object, in the explicit form API Gateway makes of it."""
+    if request.form != "v2" or (isinstance(response, dict) and "statusCode" in response):
+        return response
+    body = response if isinstance(response, str) else json.dumps(response)
+    return {"statusCode": 200, "headers": {"content-type": "application/json"}, "body": body,
+            "isBase64Encoded": False}
+
+
+def mark_replayed(request: Request, response: Any) -> Any:
+    """`response` with `Idempotent-Replayed: true`, where the source reads headers from."""
+    response = explicit(request, response)
+    if not isinstance(response, dict):
+        return response  # not a response object: the gateway answers 502 for it, with or without a header
+    marked = dict(response)
+    if request.multi or isinstance(marked.get("multiValueHeaders"), dict):
+        values = dict(marked.get("multiValueHeaders") or {})
+        values[REPLAYED] = ["true"]
+        marked["multiValueHeaders"] = values
+    if not request.multi or isinstance(marked.get("headers"), dict):
+        headers = dict(marked.get("headers") or {})
+        headers[REPLAYED] = "true"
+        marked["headers"] = headers
+    return marked

@@ -1,0 +1,224 @@
+"""HTTP sources end to end: the built layer under RIE + awslambdaric, an unmodified HTTP handler (apps/web.py),
+events shaped as API Gateway REST, HTTP API, Function URLs and ALB send them; executions counted from the
+handler's own side effect."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+
+from tests.e2e.conftest import Environments, Executions, marker
+from tests.support import http_events
+from tests.support.counting_proxy import CountingProxy
+from tests.support.dynamodb_local import create_table
+from tests.support.rie import Invocation
+
+WEB = "web.handler"
+KEY = "8e03978e-40d5-43e8-bc93-6894a57f9324"
+
+
+def web(environments: Environments, version: str, table: str, env: dict[str, str] | None = None, index: int = 0):
+    return environments.shared(version, table, env, index=index, handler=WEB)
+
+
+def request(form: str, key: str | None, body: dict[str, Any], **options: Any) -> dict[str, Any]:
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Idempotency-Key"] = key
+    text = json.dumps(body)
+    if form == "rest":
+        return http_events.rest("POST", "/orders", headers, text, **options)
+    if form == "v2":
+        return http_events.v2("POST", "/orders", headers, text, **options)
+    if form == "url":
+        return http_events.v2("POST", "/orders", headers, text, function_url=True, **options)
+    return http_events.alb("POST", "/orders", headers, text, multi=form == "alb-multi", **options)
+
+
+def headers_of(response: dict[str, Any]) -> dict[str, str]:
+    found = {k.lower(): v for k, v in (response.get("headers") or {}).items()}
+    found.update({k.lower(): v[-1] for k, v in (response.get("multiValueHeaders") or {}).items()})
+    return found
+
+
+def answer(invocation: Invocation) -> dict[str, Any]:
+    assert invocation.status == 200 and invocation.error_type is None, invocation.body
+    return invocation.json()
+
+
+FORMS = ["rest", "v2", "url", "alb", "alb-multi"]
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_retry_replays_marked_and_another_body_is_422(form: str, primary: str, environments: Environments,
+                                                         shared_table: str, executions: Executions) -> None:
+    env = web(environments, primary, shared_table)
+    mark = marker()
+    key = f'"{mark}"'
+    first = answer(env.invoke(request(form, key, {"marker": mark})))
+    assert first["statusCode"] == 201 and "idempotent-replayed" not in headers_of(first)
+    again = answer(env.invoke(request(form, key, {"marker": mark})))  # new request id and time: a retry
+    assert again["statusCode"] == 201 and again["body"] == first["body"]
+    assert headers_of(again)["idempotent-replayed"] == "true"
+    if form == "alb-multi":
+        assert again["multiValueHeaders"]["Idempotent-Replayed"] == ["true"]
+    other = answer(env.invoke(request(form, key, {"marker": mark, "amount": 2})))
+    assert other["statusCode"] == 422
+    assert headers_of(other)["content-type"] == "application/problem+json"
+    assert json.loads(other["body"])["status"] == 422
+    assert executions.count(mark) == 1
+
+
+@pytest.mark.parametrize(("raw", "ok"), [(KEY, True), ('"quoted"', True), ('"unterminated', False),
+                                         ("two words", False), ('"' + "x" * 256 + '"', False)])
+def test_header_values(raw: str, ok: bool, primary: str, environments: Environments, shared_table: str,
+                       executions: Executions) -> None:
+    env = web(environments, primary, shared_table)
+    mark = marker()
+    event = request("v2", raw if raw != KEY else f"{mark}-{KEY}", {"marker": mark})
+    event["headers"]["IDEMPOTENCY-KEY"] = event["headers"].pop("idempotency-key")  # any case
+    response = answer(env.invoke(event))
+    assert response["statusCode"] == (201 if ok else 400), response
+    assert executions.count(mark) == (1 if ok else 0)
+
+
+def test_no_header_runs_unguarded_or_is_400_when_required(primary: str, environments: Environments,
+                                                           shared_table: str, executions: Executions) -> None:
+    mark = marker()
+    lenient = web(environments, primary, shared_table)
+    for _ in range(2):
+        assert answer(lenient.invoke(request("v2", None, {"marker": mark})))["statusCode"] == 201
+    assert executions.count(mark) == 2  # the whole-event key never applies to HTTP events
+    strict = web(environments, primary, shared_table, {"IDEMPOTENCY_REQUIRE_KEY": "true"})
+    response = answer(strict.invoke(request("rest", None, {"marker": mark})))
+    assert response["statusCode"] == 400 and "Idempotency-Key" in json.loads(response["body"])["detail"]
+    assert executions.count(mark) == 2
+
+
+def test_a_5xx_is_not_stored(primary: str, environments: Environments, shared_table: str,
+                             executions: Executions) -> None:
+    env = web(environments, primary, shared_table)
+    mark = marker()
+    for _ in range(2):
+        assert answer(env.invoke(request("v2", mark, {"marker": mark, "status": 503})))["statusCode"] == 503
+    assert executions.count(mark) == 2
+
+
+def test_callers_never_share_a_key(primary: str, environments: Environments, shared_table: str,
+                                   executions: Executions) -> None:
+    env = web(environments, primary, shared_table)
+    mark = marker()
+    for sub in ("alice", "bob", "alice"):
+        answer(env.invoke(request("v2", mark, {"marker": mark}, sub=sub)))
+    assert executions.count(mark) == 2
+    for principal in ("p-1", "p-2"):
+        answer(env.invoke(request("rest", mark + "r", {"marker": mark}, principal=principal)))
+    assert executions.count(mark) == 4
+
+
+def test_a_bare_payload_2_response_is_replayed_in_the_explicit_form(
+        primary: str, environments: Environments, shared_table: str, executions: Executions) -> None:
+    env = web(environments, primary, shared_table)
+    mark = marker()
+    first = answer(env.invoke(request("v2", mark, {"marker": mark, "plain": True})))
+    assert "statusCode" not in first and first["marker"] == mark
+    again = answer(env.invoke(request("v2", mark, {"marker": mark, "plain": True})))
+    assert again["statusCode"] == 200 and json.loads(again["body"]) == first
+    assert headers_of(again) == {"content-type": "application/json", "idempotent-replayed": "true"}
+    assert executions.count(mark) == 1
+
+
+@pytest.mark.parametrize("wait", ["0", "30"])
+def test_a_concurrent_duplicate_is_409_or_with_waiting_the_replay(
+        wait: str, primary: str, environments: Environments, shared_table: str, executions: Executions,
+        tmp_path: Path) -> None:
+    envs = [web(environments, primary, shared_table, {"IDEMPOTENCY_WAIT_SECONDS": wait}, index=30 + i)
+            for i in range(2)]
+    for env in envs:
+        answer(env.invoke(request("v2", None, {"marker": marker()})))  # warm
+    mark = marker()
+    release = tmp_path / "release"
+    body = {"marker": mark, "release": str(release)}
+    answers: dict[str, Invocation] = {}
+    first = threading.Thread(target=lambda: answers.update(first=envs[0].invoke(request("v2", mark, body))))
+    first.start()
+    executions.wait_for(mark, 1)
+    if wait == "0":
+        duplicate = answer(envs[1].invoke(request("v2", mark, body)))
+        release.touch()
+        assert duplicate["statusCode"] == 409 and int(headers_of(duplicate)["retry-after"]) >= 1
+    else:
+        second = threading.Thread(target=lambda: answers.update(copy=envs[1].invoke(request("v2", mark, body))))
+        second.start()
+        threading.Timer(0.5, release.touch).start()
+        second.join(60)
+        duplicate = answer(answers["copy"])
+        assert duplicate["statusCode"] == 201 and headers_of(duplicate)["idempotent-replayed"] == "true"
+    first.join(60)
+    assert answer(answers["first"])["statusCode"] == 201
+    assert executions.count(mark) == 1
+
+
+def test_requests_on_the_wire_for_http(primary: str, environments: Environments, ddb_client: Any,
+                                       dynamodb: Any) -> None:
+    table = create_table(ddb_client, f"idempotency-http-wire-{uuid.uuid4().hex[:8]}")
+    upstream = urlparse(dynamodb.endpoint)
+    proxy = CountingProxy(upstream.hostname, upstream.port)
+    try:
+        env = environments.new(primary, table, {"AWS_ENDPOINT_URL_DYNAMODB": proxy.endpoint}, handler=WEB)
+        try:
+            answer(env.invoke(request("v2", marker(), {"marker": marker()})))  # warm: init's table check
+            mark = marker()
+            proxy.reset()
+            answer(env.invoke(request("v2", mark, {"marker": mark})))
+            assert proxy.snapshot()[0] == {"PutItem": 1, "UpdateItem": 1}
+            proxy.reset()
+            assert headers_of(answer(env.invoke(request("v2", mark, {"marker": mark}))))["idempotent-replayed"]
+            assert proxy.snapshot()[0] == {"PutItem": 1}  # a replay is one request
+            proxy.reset()
+            assert answer(env.invoke(request("v2", mark, {"marker": mark, "x": 1})))["statusCode"] == 422
+            assert proxy.snapshot()[0] == {"PutItem": 1}  # so is a mismatch
+            proxy.reset()
+            assert answer(env.invoke(request("v2", "bad key", {"marker": mark})))["statusCode"] == 400
+            assert proxy.snapshot()[0] == {}  # a malformed header costs nothing
+        finally:
+            env.stop()
+    finally:
+        proxy.close()
+        ddb_client.delete_table(TableName=table)
+
+
+def test_a_replay_of_a_result_too_large_to_store_is_500(primary: str, environments: Environments, shared_table: str,
+                                                        executions: Executions) -> None:
+    env = web(environments, primary, shared_table)
+    mark = marker()
+    first = answer(env.invoke(request("v2", mark, {"marker": mark, "big": 500_000})))
+    assert first["statusCode"] == 201
+    again = answer(env.invoke(request("v2", mark, {"marker": mark, "big": 500_000})))
+    assert again["statusCode"] == 500 and "too large" in json.loads(again["body"])["detail"]
+    assert executions.count(mark) == 1
+
+
+def test_an_unreachable_table_is_503_with_retry_after(primary: str, make_env: Any, shared_table: str,
+                                                      executions: Executions) -> None:
+    import socket
+
+    with socket.socket() as probe:  # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        dead = probe.getsockname()[1]
+    env = make_env(primary, shared_table, {"AWS_ENDPOINT_URL_DYNAMODB": f"http://127.0.0.1:{dead}",
+                                           "IDEMPOTENCY_MAX_ATTEMPTS": "1", "IDEMPOTENCY_CONNECT_TIMEOUT": "0.2"},
+                   handler=WEB)
+    mark = marker()
+    response = answer(env.invoke(request("alb", mark, {"marker": mark})))
+    assert response["statusCode"] == 503 and response["statusDescription"] == "503 Service Unavailable"
+    assert headers_of(response)["retry-after"] == "1"
+    assert json.loads(response["body"]) == {"type": "about:blank", "title": "Service Unavailable", "status": 503,
+                                            "detail": "the idempotency store is unavailable; the request did not run"}
+    assert executions.count(mark) == 0

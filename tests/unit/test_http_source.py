@@ -1,0 +1,59 @@
+"""sources.http's pure parts (groundwork for issue 8: not wired into the interceptor yet)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from idempotency_layer.sources import http
+
+V2 = {"version": "2.0", "routeKey": "POST /orders", "rawPath": "/orders", "rawQueryString": "a=1",
+      "headers": {"idempotency-key": '"8e03978e-40d5-43e8-bc93-6894a57f9324"', "content-type": "application/json"},
+      "requestContext": {"apiId": "api", "http": {"method": "POST", "path": "/orders"},
+                         "authorizer": {"jwt": {"claims": {"sub": "user-1"}, "scopes": None}}},
+      "body": '{"item": 1}', "isBase64Encoded": False}
+REST = {"resource": "/orders", "path": "/orders", "httpMethod": "POST",
+        "headers": {"Idempotency-Key": "abc"}, "multiValueHeaders": {"Idempotency-Key": ["abc"]},
+        "queryStringParameters": None, "multiValueQueryStringParameters": None,
+        "requestContext": {"apiId": "api", "authorizer": {"principalId": "p-1"}, "identity": {}},
+        "body": "{}"}
+ALB = {"httpMethod": "POST", "path": "/orders", "headers": {"idempotency-key": "k"}, "body": "",
+       "requestContext": {"elb": {"targetGroupArn": "arn"}}}
+
+
+def test_each_source_is_told_apart():
+    assert http.parse(V2).form == "v2" and http.parse(REST).form == "rest" and http.parse(ALB).form == "alb"
+    assert http.parse({"orderId": 1}) is None and http.parse({"Records": []}) is None
+    assert http.parse(V2).caller == "jwt:user-1" and http.parse(REST).caller == "lambda:p-1"
+    assert http.parse(REST).multi and not http.parse(V2).multi
+
+
+@pytest.mark.parametrize(("raw", "value"), [('"abc"', "abc"), ("abc", "abc"), ('"a\\"b"', 'a"b'),
+                                            ("8e03978e-40d5", "8e03978e-40d5"), ('  "x"  ', "x")])
+def test_header_values(raw, value):
+    request = http.parse({**ALB, "headers": {"Idempotency-Key": raw}})
+    assert http.key_header(request, "idempotency-key") == value
+
+
+@pytest.mark.parametrize("raw", ['"abc', '"a\\x"', "a b", "a,b", '"' + "x" * 256 + '"', '""', "caf\u00e9"])
+def test_malformed_header_values(raw):
+    request = http.parse({**ALB, "headers": {"idempotency-key": raw}})
+    with pytest.raises(http.HeaderError):
+        http.key_header(request, "Idempotency-Key")
+
+
+def test_problem_responses_and_the_replay_marker_in_each_form():
+    for event in (V2, REST, ALB):
+        request = http.parse(event)
+        response = http.problem(request, 409, "in progress", retry_after=0)
+        headers = response.get("headers") or {k: v[0] for k, v in response["multiValueHeaders"].items()}
+        assert response["statusCode"] == 409 and headers["Retry-After"] == "1"
+        assert json.loads(response["body"])["status"] == 409
+    v2 = http.parse(V2)
+    assert http.mark_replayed(v2, {"ok": 1}) == {"statusCode": 200, "body": '{"ok": 1}', "isBase64Encoded": False,
+                                                 "headers": {"content-type": "application/json",
+                                                             "Idempotent-Replayed": "true"}}
+    rest = http.mark_replayed(http.parse(REST), {"statusCode": 201, "body": ""})
+    assert rest["multiValueHeaders"]["Idempotent-Replayed"] == ["true"]
+    assert http.status_of(v2, "text") == 200 and http.status_of(http.parse(REST), "text") == 502
