@@ -222,3 +222,14 @@ def test_an_unreachable_table_is_503_with_retry_after(primary: str, make_env: An
     assert json.loads(response["body"]) == {"type": "about:blank", "title": "Service Unavailable", "status": 503,
                                             "detail": "the idempotency store is unavailable; the request did not run"}
     assert executions.count(mark) == 0
+
+
+def test_http_replays_on_every_python(python_version: str, environments: Environments, shared_table: str,
+                                      executions: Executions) -> None:
+    env = web(environments, python_version, shared_table, {"IDEMPOTENCY_LOCAL_CACHE_SIZE": "10"})
+    mark = marker()
+    first = answer(env.invoke(request("v2", mark, {"marker": mark})))
+    again = answer(env.invoke(request("v2", mark, {"marker": mark})))  # from the local cache
+    assert again["body"] == first["body"] and headers_of(again)["idempotent-replayed"] == "true"
+    assert answer(env.invoke(request("v2", mark, {"marker": mark, "changed": 1})))["statusCode"] == 422
+    assert executions.count(mark) == 1

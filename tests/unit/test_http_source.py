@@ -1,4 +1,4 @@
-"""sources.http's pure parts (groundwork for issue 8: not wired into the interceptor yet)."""
+"""sources.http's pure parts: telling HTTP sources apart, the key header, problem responses, the replay marker."""
 
 from __future__ import annotations
 
