@@ -233,3 +233,26 @@ def test_http_replays_on_every_python(python_version: str, environments: Environ
     assert again["body"] == first["body"] and headers_of(again)["idempotent-replayed"] == "true"
     assert answer(env.invoke(request("v2", mark, {"marker": mark, "changed": 1})))["statusCode"] == 422
     assert executions.count(mark) == 1
+
+
+def test_a_wait_that_runs_out_is_409(primary: str, environments: Environments, shared_table: str,
+                                     executions: Executions, tmp_path: Path) -> None:
+    envs = [web(environments, primary, shared_table, {"IDEMPOTENCY_WAIT_SECONDS": "1"}, index=40 + i)
+            for i in range(2)]
+    for env in envs:
+        answer(env.invoke(request("v2", None, {"marker": marker()})))  # warm
+    mark = marker()
+    release = tmp_path / "release"
+    body = {"marker": mark, "release": str(release)}
+    answers: dict[str, Invocation] = {}
+    first = threading.Thread(target=lambda: answers.update(first=envs[0].invoke(request("rest", mark, body))))
+    first.start()
+    try:
+        executions.wait_for(mark, 1)
+        duplicate = answer(envs[1].invoke(request("rest", mark, body)))
+        assert duplicate["statusCode"] == 409 and headers_of(duplicate)["retry-after"] == "1"
+        assert "after waiting" in json.loads(duplicate["body"])["detail"]
+    finally:
+        release.touch()
+        first.join(60)
+    assert executions.count(mark) == 1
