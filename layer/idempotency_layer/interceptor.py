@@ -151,7 +151,7 @@ if CONFIG.disabled:
     handler = user_handler
 else:
     from .cycle import Cycle
-    from .keys import KeyDeriver
+    from .keys import KeyDeriver, digest, is_empty
     from .store import DynamoDBStore
     from .transport import make_transport
 
@@ -196,7 +196,8 @@ else:
 
     def handler(event: Any, context: Any) -> Any:  # type: ignore[misc]
         try:
-            if CONFIG.http == "auto" and isinstance(event, dict) and isinstance(event.get("requestContext"), dict):
+            if (CONFIG.http == "auto" and CONFIG.scope != "record" and isinstance(event, dict)
+                    and isinstance(event.get("requestContext"), dict)):
                 from .sources import http  # only functions behind an HTTP source pay for its import
 
                 request = http.parse(event)
@@ -235,19 +236,18 @@ else:
         except http.HeaderError as error:
             return http.problem(request, 400, str(error))
         try:
+            # The header's value, else what the key expression selects; tagged, so the two never meet.
+            value = None if value is None else ["header", value]
+            if value is None and CONFIG.key_jmespath:
+                selected = _keys.select(event)
+                value = None if is_empty(selected) else ["expression", selected]
+            key = fingerprint = None  # the whole-event key would make every retry new: requests carry ids
             if value is not None:
                 key = _keys.key_of(http.key_material(request, value))
                 if CONFIG.payload_jmespath:
                     fingerprint = _keys.fingerprint(event)
                 else:
-                    from .keys import digest
-
                     fingerprint = f"{digest(http.default_payload(request))}.http"
-            elif CONFIG.key_jmespath:
-                key = _keys.key(event)
-                fingerprint = _keys.fingerprint(event)
-            else:
-                key = fingerprint = None  # the whole-event key would make every retry new: requests carry ids
         except IdempotencyKeyError as error:
             return http.problem(request, 400, str(error))
         if key is None:
@@ -255,6 +255,9 @@ else:
                 return http.problem(
                     request, 400, f"the request has no {CONFIG.key_header} header and IDEMPOTENCY_REQUIRE_KEY is true"
                 )
+            logger.warning("an HTTP request without the %s header%s; running it without idempotency", CONFIG.key_header,
+                           f" and nothing selected by IDEMPOTENCY_KEY_JMESPATH={CONFIG.key_jmespath!r}"
+                           if CONFIG.key_jmespath else "")
             return user_handler(event, context)
         if _http_results is None:
             _http_results = _value_results()
@@ -262,12 +265,19 @@ else:
             outcome = _cycle.run(key, partial(user_handler, event, context), _remaining_ms(context), fingerprint,
                                  results=_http_results, keep=lambda response: http.status_of(request, response) < 500)
         except IdempotencyPayloadMismatchError as error:
+            logger.info("%s; answered 422", error)
+            if not CONFIG.payload_jmespath:  # the default fingerprint: say what it covers
+                return http.problem(request, 422, f"key {key!r} was used before with another request (its method, "
+                                    "path, query or body differ); the request did not run")
             return http.problem(request, 422, str(error))
         except IdempotencyAlreadyInProgressError as error:
+            logger.info("%s; answered 409", error)
             return http.problem(request, 409, str(error), retry_after=1)
         except IdempotencyResultTooLargeError as error:
+            logger.warning("%s; answered 500", error)
             return http.problem(request, 500, str(error))
         except IdempotencyKeyError as error:
+            logger.warning("%s; answered 400", error)
             return http.problem(request, 400, str(error))
         except (IdempotencyPersistenceLayerError, IdempotencyClaimConflictError) as error:
             logger.error("%s", error)

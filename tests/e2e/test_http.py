@@ -72,6 +72,7 @@ def test_a_retry_replays_marked_and_another_body_is_422(form: str, primary: str,
     assert other["statusCode"] == 422
     assert headers_of(other)["content-type"] == "application/problem+json"
     assert json.loads(other["body"])["status"] == 422
+    assert "its method, path, query or body differ" in json.loads(other["body"])["detail"]
     assert executions.count(mark) == 1
 
 
@@ -255,4 +256,42 @@ def test_a_wait_that_runs_out_is_409(primary: str, environments: Environments, s
     finally:
         release.touch()
         first.join(60)
+    assert executions.count(mark) == 1
+
+
+def test_identity_pool_users_sharing_a_role_session_are_two_callers(
+        primary: str, environments: Environments, shared_table: str, executions: Executions) -> None:
+    env = web(environments, primary, shared_table)
+    mark = marker()
+    for identity in ("us-east-1:aaaa", "us-east-1:bbbb"):
+        event = request("rest", mark, {"marker": mark})
+        event["requestContext"]["identity"].update({
+            "cognitoIdentityId": identity, "caller": "AROAX:CognitoIdentityCredentials",
+            "userArn": "arn:aws:sts::123456789012:assumed-role/Cognito_PoolAuth_Role/CognitoIdentityCredentials"})
+        assert "idempotent-replayed" not in headers_of(answer(env.invoke(event)))
+    assert executions.count(mark) == 2
+
+
+def test_a_body_key_without_the_header_is_scoped_and_fingerprinted_too(
+        primary: str, environments: Environments, shared_table: str, executions: Executions) -> None:
+    env = web(environments, primary, shared_table, {"IDEMPOTENCY_KEY_JMESPATH": "json_parse(body).marker"})
+    mark = marker()
+    for principal in ("p-1", "p-2", "p-1"):
+        answer(env.invoke(request("rest", None, {"marker": mark}, principal=principal)))
+    assert executions.count(mark) == 2  # p-1's second request was a replay, p-2 never saw p-1's response
+    changed = answer(env.invoke(request("rest", None, {"marker": mark, "amount": 999}, principal="p-1")))
+    assert changed["statusCode"] == 422
+    assert executions.count(mark) == 2
+
+
+def test_record_scope_refuses_http_requests_and_unguarded_requests_are_logged(
+        primary: str, environments: Environments, shared_table: str, executions: Executions) -> None:
+    strict = web(environments, primary, shared_table, {"IDEMPOTENCY_SCOPE": "record"})
+    mark = marker()
+    refused = strict.invoke(request("v2", mark, {"marker": mark}))
+    assert refused.error_type == "IdempotencyKeyError" and "IDEMPOTENCY_SCOPE=record" in refused.error_message
+    env = web(environments, primary, shared_table)
+    before = len(env.logs())
+    answer(env.invoke(request("v2", None, {"marker": mark})))
+    assert "an HTTP request without the Idempotency-Key header; running it without idempotency" in env.logs()[before:]
     assert executions.count(mark) == 1

@@ -25,7 +25,9 @@ ALB = {"httpMethod": "POST", "path": "/orders", "headers": {"idempotency-key": "
 def test_each_source_is_told_apart():
     assert http.parse(V2).form == "v2" and http.parse(REST).form == "rest" and http.parse(ALB).form == "alb"
     assert http.parse({"orderId": 1}) is None and http.parse({"Records": []}) is None
-    assert http.parse(V2).caller == "jwt:user-1" and http.parse(REST).caller == "lambda:p-1"
+    assert json.loads(http.parse(V2).caller) == {"sub": "user-1"}
+    assert json.loads(http.parse(REST).caller) == {"principal": "p-1"}
+    assert http.parse(ALB).caller is None
     assert http.parse(REST).multi and not http.parse(V2).multi
 
 
@@ -36,7 +38,7 @@ def test_header_values(raw, value):
     assert http.key_header(request, "idempotency-key") == value
 
 
-@pytest.mark.parametrize("raw", ['"abc', '"a\\x"', "a b", "a,b", '"' + "x" * 256 + '"', '""', "caf\u00e9"])
+@pytest.mark.parametrize("raw", ['"abc', '"a\\x"', "a b", "a,b", "k1,k1", '"' + "x" * 256 + '"', '""', "caf\u00e9"])
 def test_malformed_header_values(raw):
     request = http.parse({**ALB, "headers": {"idempotency-key": raw}})
     with pytest.raises(http.HeaderError):
@@ -57,3 +59,26 @@ def test_problem_responses_and_the_replay_marker_in_each_form():
     rest = http.mark_replayed(http.parse(REST), {"statusCode": 201, "body": ""})
     assert rest["multiValueHeaders"]["Idempotent-Replayed"] == ["true"]
     assert http.status_of(v2, "text") == 200 and http.status_of(http.parse(REST), "text") == 502
+
+
+def test_every_identity_field_present_is_part_of_the_caller():
+    pool = {"cognitoIdentityId": "us-east-1:a", "userArn": "arn:aws:sts::1:assumed-role/Cognito_Auth/CognitoIdentity"}
+    other = {**pool, "cognitoIdentityId": "us-east-1:b"}
+    a = http.parse({**REST, "requestContext": {"apiId": "api", "identity": pool}})
+    b = http.parse({**REST, "requestContext": {"apiId": "api", "identity": other}})
+    assert a.caller != b.caller  # identity pool users share the role session ARN
+    oidc = http.parse({**ALB, "headers": {"x-amzn-oidc-identity": "alice"}})
+    assert json.loads(oidc.caller) == {"oidc": "alice"}
+    app = http.parse({**V2, "requestContext": {**V2["requestContext"],
+                                               "authorizer": {"jwt": {"claims": {"client_id": "app1"}}}}})
+    assert json.loads(app.caller) == {"client": "app1"}
+
+
+def test_the_replay_marker_replaces_the_handlers_own_in_any_case():
+    marked = http.mark_replayed(http.parse(V2), {"statusCode": 200, "headers": {"idempotent-replayed": "false"}})
+    assert marked["headers"] == {"Idempotent-Replayed": "true"}
+
+
+def test_the_key_names_the_source_method_route_and_caller():
+    request = http.parse(V2)
+    assert http.key_material(request, "k") == ["k", "v2", "POST", "POST /orders", request.caller]

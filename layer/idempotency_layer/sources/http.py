@@ -57,24 +57,48 @@ def _headers(event: dict[str, Any]) -> tuple[dict[str, list[str]], bool]:
     return found, multi
 
 
-def _caller(event: dict[str, Any], form: str) -> str | None:
+# Where each source names who is calling. Every one present is part of the caller's identity: Cognito identity
+# pool users share one role session ARN and differ only by their identity id, so no single field suffices.
+_REST_IDENTITY = {
+    "principal": ("authorizer", "principalId"),
+    "sub": ("authorizer", "claims", "sub"),
+    "client": ("authorizer", "claims", "client_id"),
+    "username": ("authorizer", "claims", "cognito:username"),
+    "arn": ("identity", "userArn"),
+    "identity": ("identity", "cognitoIdentityId"),
+    "api_key": ("identity", "apiKeyId"),
+    "cert_serial": ("identity", "clientCert", "serialNumber"),
+    "cert_issuer": ("identity", "clientCert", "issuerDN"),
+}
+_V2_IDENTITY = {
+    "sub": ("authorizer", "jwt", "claims", "sub"),
+    "client": ("authorizer", "jwt", "claims", "client_id"),
+    "username": ("authorizer", "jwt", "claims", "cognito:username"),
+    "arn": ("authorizer", "iam", "userArn"),
+    "identity": ("authorizer", "iam", "cognitoIdentity", "identityId"),
+    "cert_serial": ("authentication", "clientCert", "serialNumber"),
+    "cert_issuer": ("authentication", "clientCert", "issuerDN"),
+}
+
+
+def _caller(event: dict[str, Any], form: str, headers: dict[str, list[str]]) -> str | None:
     context = event.get("requestContext")
-    if form == "rest":
-        for label, path in (("lambda", ("authorizer", "principalId")), ("cognito", ("authorizer", "claims", "sub")),
-                            ("iam", ("identity", "userArn")), ("cognito-identity", ("identity", "cognitoIdentityId"))):
-            value = _text(_get(context, *path))
-            if value is not None:
-                return f"{label}:{value}"
-        return None
-    if form == "v2":
-        for label, path in (("jwt", ("authorizer", "jwt", "claims", "sub")), ("iam", ("authorizer", "iam", "userArn"))):
-            value = _text(_get(context, *path))
-            if value is not None:
-                return f"{label}:{value}"
-        lambda_context = _get(context, "authorizer", "lambda")
+    found: dict[str, Any] = {}
+    if form in ("rest", "v2"):
+        for label, path in (_REST_IDENTITY if form == "rest" else _V2_IDENTITY).items():
+            value = _get(context, *path)
+            if isinstance(value, str) and value:
+                found[label] = value
+        lambda_context = _get(context, "authorizer", "lambda") if form == "v2" else None
         if isinstance(lambda_context, dict) and lambda_context:
-            return "lambda:" + json.dumps(lambda_context, sort_keys=True, separators=(",", ":"), default=str)
-    return None
+            found["lambda"] = lambda_context
+    else:  # ALB authentication (OIDC, Cognito) passes the user's identity in a header ALB sets itself
+        identity = headers.get("x-amzn-oidc-identity")
+        if identity:
+            found["oidc"] = identity[0]
+    if not found:
+        return None
+    return json.dumps(found, sort_keys=True, separators=(",", ":"), default=str)
 
 
 def parse(event: Any) -> Request | None:
@@ -105,7 +129,7 @@ def parse(event: Any) -> Request | None:
         return None
     headers, multi = _headers(event)
     return Request(form, method.upper(), route, path, query, event.get("body"), headers, multi,
-                   _caller(event, form))
+                   _caller(event, form, headers))
 
 
 def _bare(value: str) -> bool:
@@ -143,6 +167,8 @@ def key_header(request: Request, name: str) -> str | None:
             chars.append(c)
             i += 1
         value = "".join(chars)
+    elif "," in raw:
+        raise HeaderError(f"the {name} header was sent more than once (its values joined with commas); send it once")
     elif _bare(raw):
         value = raw
     else:
@@ -154,9 +180,9 @@ def key_header(request: Request, name: str) -> str | None:
     return value
 
 
-def key_material(request: Request, value: str) -> list[Any]:
-    """What the stored key is made of: one caller's key for one route, never another caller's."""
-    return [value, request.method, request.route, request.caller]
+def key_material(request: Request, value: Any) -> list[Any]:
+    """What the stored key is made of: one caller's key for one route of one source, never another caller's."""
+    return [value, request.form, request.method, request.route, request.caller]
 
 
 def default_payload(request: Request) -> list[Any]:
@@ -213,12 +239,13 @@ def mark_replayed(request: Request, response: Any) -> Any:
     if not isinstance(response, dict):
         return response  # not a response object: the gateway answers 502 for it, with or without a header
     marked = dict(response)
+    lowered = REPLAYED.lower()
     if request.multi or isinstance(marked.get("multiValueHeaders"), dict):
-        values = dict(marked.get("multiValueHeaders") or {})
+        values = {k: v for k, v in (marked.get("multiValueHeaders") or {}).items() if str(k).lower() != lowered}
         values[REPLAYED] = ["true"]
         marked["multiValueHeaders"] = values
     if not request.multi or isinstance(marked.get("headers"), dict):
-        headers = dict(marked.get("headers") or {})
+        headers = {k: v for k, v in (marked.get("headers") or {}).items() if str(k).lower() != lowered}
         headers[REPLAYED] = "true"
         marked["headers"] = headers
     return marked
