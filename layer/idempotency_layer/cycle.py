@@ -32,6 +32,9 @@ MAX_CLAIM_ATTEMPTS = 3
 # Waiting for another invocation's outcome: polls from 50 ms, doubling to 1 s, with jitter; and stop waiting
 # while this much of the invocation is left, to claim, run or answer in.
 FIRST_POLL_S, LAST_POLL_S, WAIT_MARGIN_MS = 0.05, 1.0, 1000
+# A completion the table refused for a passing reason is retried from 100 ms, doubling to 2 s, with jitter,
+# while the invocation has more than this much time left to hand its result back in.
+FIRST_COMPLETE_RETRY_S, LAST_COMPLETE_RETRY_S, COMPLETE_MARGIN_MS = 0.1, 2.0, 1000
 
 logger = logging.getLogger("idempotency_layer")
 
@@ -145,6 +148,7 @@ class Cycle:
         is released, so a retry runs again).
         """
         results = results or self.results
+        deadline = time.monotonic() + (remaining_ms - COMPLETE_MARGIN_MS) / 1000  # for completion retries
         self.check()
         cached = self.cached(key, fingerprint)
         if cached is not None:
@@ -157,7 +161,7 @@ class Cycle:
             claimed = self._wait(key, remaining_ms, fingerprint)
         if isinstance(claimed, Record):
             return self._replay(claimed, results)
-        return Outcome(self._invoke(key, claimed, invoke, fingerprint, results, keep), False)
+        return Outcome(self._invoke(key, claimed, invoke, fingerprint, results, keep, deadline), False)
 
     # -- the steps, for callers that run many keys around one handler call (batch records) ----------------
 
@@ -188,34 +192,55 @@ class Cycle:
         record = self._claim(key, owner, remaining_ms, fingerprint)
         return owner if record is None else record
 
-    def complete(self, key: str, owner: str, result: codec.Encoded, fingerprint: str | None = None) -> None:
+    def complete(self, key: str, owner: str, result: codec.Encoded, fingerprint: str | None = None,
+                 deadline: float | None = None) -> None:
         """Mark our claim on `key` completed with `result`. Never raises: the handler has run, and failing now
-        would make the caller retry into a second run."""
+        would make the caller retry into a second run.
+
+        A failure a retry may cure (throttling, a 5xx, a lost connection: after the transport's own retries) is
+        retried with backoff until `deadline` (time.monotonic()): an uncompleted claim lets the next copy after
+        the invocation's deadline run the handler again. Retrying is safe: the write is conditioned on our
+        owner token, so a retry of a write that landed lands again."""
         expires_at = int(self.clock()) + self.ttl_seconds
-        try:
-            completed = self.store.complete(key, owner, result, expires_at)
-        except IdempotencyPersistenceLayerError as error:
-            logger.error("completing key %r failed; returning the result anyway: %s", key, error)
-            if error.permanent:
-                self.refusal = (
-                    f"this execution environment runs no more handlers: completing key {key!r} failed for a reason "
-                    f"no retry can change ({error}); fix the table or the function's role, then redeploy"
-                )
-                logger.error("%s", self.refusal)
-            return
-        except BaseException as error:  # not the store's word (a bug, MemoryError): complete without the result
-            logger.error("completing key %r failed (%s); completing it without its result", key, type(error).__name__)
-            bare = result if result.data is None else codec.Encoded(codec.TOO_LARGE, None)
+        delay = FIRST_COMPLETE_RETRY_S
+        attempt = 1
+        while True:
             try:
-                self.store.complete(key, owner, bare, expires_at)
-            except BaseException:
-                logger.error("completing key %r without its result failed too; it stays claimed until its deadline",
-                             key)
-            return
+                completed = self.store.complete(key, owner, result, expires_at)
+                break
+            except IdempotencyPersistenceLayerError as error:
+                pause = delay * (0.5 + random.random() / 2)
+                if error.permanent or deadline is None or time.monotonic() + pause >= deadline:
+                    return self._completion_failed(key, error, attempt)
+                logger.warning("completing key %r failed (attempt %d), retrying in %.2f s: %s", key, attempt, pause,
+                               error)
+                self.sleep(pause)
+                delay = min(delay * 2, LAST_COMPLETE_RETRY_S)
+                attempt += 1
+            except BaseException as error:  # not the store's word (a bug, MemoryError): complete without the result
+                logger.error("completing key %r failed (%s); completing it without its result", key,
+                             type(error).__name__)
+                bare = result if result.data is None else codec.Encoded(codec.TOO_LARGE, None)
+                try:
+                    self.store.complete(key, owner, bare, expires_at)
+                except BaseException:
+                    logger.error("completing key %r without its result failed too; it stays claimed until its "
+                                 "deadline", key)
+                return
         if not completed:
             logger.error("claim on key %r expired and was taken over before completion; returning our result", key)
         elif self.cache is not None:
             self.cache.put(key, expires_at, result, fingerprint)
+
+    def _completion_failed(self, key: str, error: IdempotencyPersistenceLayerError, attempts: int) -> None:
+        logger.error("completing key %r failed after %d attempt(s); returning the result anyway: %s", key, attempts,
+                     error)
+        if error.permanent:
+            self.refusal = (
+                f"this execution environment runs no more handlers: completing key {key!r} failed for a reason "
+                f"no retry can change ({error}); fix the table or the function's role, then redeploy"
+            )
+            logger.error("%s", self.refusal)
 
     def release(self, key: str, owner: str) -> None:
         """Delete our claim on `key`, so a retry runs the handler again. Never raises."""
@@ -313,7 +338,8 @@ class Cycle:
         return Outcome(value, True)
 
     def _invoke(self, key: str, owner: str, invoke: Callable[[], Any], fingerprint: str | None = None,
-                results: Results | None = None, keep: Callable[[Any], bool] | None = None) -> Any:
+                results: Results | None = None, keep: Callable[[Any], bool] | None = None,
+                deadline: float | None = None) -> Any:
         try:
             value = invoke()
         except BaseException:
@@ -333,5 +359,5 @@ class Cycle:
             delivered, result = value, codec.Encoded(codec.TOO_LARGE, None)
         if result.format == codec.TOO_LARGE:
             logger.warning("result of key %r is too large to store; replays will raise", key)
-        self.complete(key, owner, result, fingerprint)
+        self.complete(key, owner, result, fingerprint, deadline)
         return delivered

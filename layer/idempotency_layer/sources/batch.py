@@ -10,11 +10,12 @@ Records keep no result: a completed record only means "done".
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from .. import codec
-from ..cycle import Cycle
+from ..cycle import COMPLETE_MARGIN_MS, Cycle
 from ..errors import IdempotencyAlreadyInProgressError, IdempotencyKeyError, IdempotencyPayloadMismatchError
 from ..keys import KeyDeriver, is_empty
 from ..store import Record
@@ -168,6 +169,7 @@ class Runner:
 
     def run(self, batch: Batch, event: dict[str, Any], context: Any, remaining_ms: int) -> Any:
         self.cycle.check()
+        deadline = time.monotonic() + (remaining_ms - COMPLETE_MARGIN_MS) / 1000  # for completion retries
         count = len(batch.records)
         keys: list[str | None] = [None] * count
         blocked: set[int] = set()  # records that cannot run now: the layer reports them as failures
@@ -294,7 +296,7 @@ class Runner:
             failed.extend(index for index in range(count) if batch.identifiers[index] in reported)
             failed.extend(index for index in copies if keys[index] in failed_keys)
             self._complete([(key, owner) for key, owner in owned if key not in failed_keys],
-                           {key: prints[index] for key, index in first.items()})
+                           {key: prints[index] for key, index in first.items()}, deadline)
             self._release([(key, owner) for key, owner in owned if key in failed_keys])
         if not failed:
             return value if passed else {"batchItemFailures": []}
@@ -318,9 +320,11 @@ class Runner:
                 "or set IDEMPOTENCY_SCOPE=event to key the whole event; the handler did not run"
             )
 
-    def _complete(self, claims: list[tuple[str, str]], prints: dict[str, str | None]) -> None:
+    def _complete(self, claims: list[tuple[str, str]], prints: dict[str, str | None], deadline: float) -> None:
         done = codec.Encoded(codec.DONE, None)
-        self._executor.map(lambda claim: self.cycle.complete(claim[0], claim[1], done, prints.get(claim[0])), claims)
+        self._executor.map(
+            lambda claim: self.cycle.complete(claim[0], claim[1], done, prints.get(claim[0]), deadline), claims
+        )
 
     def _release(self, claims: list[tuple[str, str]]) -> None:
         self._executor.map(lambda claim: self.cycle.release(*claim), claims)

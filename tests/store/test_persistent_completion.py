@@ -1,0 +1,92 @@
+"""The completion write persists: a completion the table refuses for a passing reason is retried, with
+backoff, while the invocation has time left, on DynamoDB Local. Executions are counted by the handler's own
+side effect; completion attempts by the transport wrapper that fails them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from idempotency_layer.config import Attributes
+from idempotency_layer.cycle import Cycle
+from idempotency_layer.keys import KeyDeriver
+from idempotency_layer.sources import batch
+from idempotency_layer.store import COMPLETED, INPROGRESS, DynamoDBStore
+from idempotency_layer.transport import DynamoDBError
+from tests.support import events
+
+KEY = "fn#order-7"
+LONG = 60_000
+
+
+class FailCompletions:
+    """Fails the first `times` UpdateItems with `code`; `land_first` makes the write land before the failure
+    (a reply lost on the way back)."""
+
+    def __init__(self, transport: Any, times: int, code: str = "ProvisionedThroughputExceededException",
+                 land_first: bool = False) -> None:
+        self.transport, self.times, self.code, self.land_first = transport, times, code, land_first
+        self.attempts = 0
+
+    def call(self, operation: str, params: dict[str, Any]) -> dict[str, Any]:
+        if operation == "UpdateItem":
+            self.attempts += 1
+            if self.attempts <= self.times:
+                if self.land_first:
+                    self.transport.call(operation, params)
+                raise DynamoDBError(operation, self.code, "refused by the test", None, 400)
+        return self.transport.call(operation, params)
+
+
+def cycle_on(transport: Any, table_name: str, **options: Any) -> tuple[Cycle, DynamoDBStore]:
+    store = DynamoDBStore(transport, table_name, Attributes())
+    return Cycle(store, ttl_seconds=3600, sleep=lambda s: None, **options), store
+
+
+def test_a_throttled_completion_is_retried_until_it_lands(transport, table_name):
+    failing = FailCompletions(transport, times=4)
+    cycle, store = cycle_on(failing, table_name)
+    runs: list[int] = []
+    outcome = cycle.run(KEY, lambda: runs.append(1) or {"ok": True}, LONG)
+    assert outcome == ({"ok": True}, False) and failing.attempts == 5
+    assert store.get(KEY).status == COMPLETED
+    assert cycle.run(KEY, lambda: runs.append(1), LONG).replayed and runs == [1]
+
+
+def test_a_completion_whose_reply_was_lost_lands_again(transport, table_name):
+    failing = FailCompletions(transport, times=1, code="InternalServerError", land_first=True)
+    cycle, store = cycle_on(failing, table_name)
+    assert cycle.run(KEY, lambda: "done", LONG).value == "done"
+    assert failing.attempts == 2 and store.get(KEY).status == COMPLETED  # conditioned on our owner: it holds
+
+
+def test_no_retry_past_the_invocations_deadline(transport, table_name):
+    failing = FailCompletions(transport, times=100)
+    cycle, store = cycle_on(failing, table_name)
+    assert cycle.run(KEY, lambda: "late", 1_050).value == "late"  # 50 ms beyond the 1 s margin: no room
+    assert failing.attempts == 1 and store.get(KEY).status == INPROGRESS
+
+
+def test_a_permanent_refusal_is_not_retried(transport, table_name):
+    failing = FailCompletions(transport, times=100, code="AccessDeniedException")
+    cycle, _ = cycle_on(failing, table_name)
+    assert cycle.run(KEY, lambda: "v", LONG).value == "v"
+    assert failing.attempts == 1 and cycle.refusal is not None
+
+
+def test_batch_records_completions_persist_too(transport, table_name):
+    failing = FailCompletions(transport, times=3)
+    cycle, store = cycle_on(failing, table_name)
+    runs: list[str] = []
+
+    def consumer(event: dict[str, Any], context: Any) -> None:
+        runs.extend(json.loads(r["body"])["n"] for r in event["Records"])
+
+    runner = batch.Runner(cycle, KeyDeriver("fn", None), False, consumer)
+    messages = [events.json_message({"n": "a"}), events.json_message({"n": "b"})]
+    event = events.sqs_event(messages)
+    runner.run(batch.parse(event, False), event, None, LONG)
+    assert all(store.get(runner.keys.key_of(m.message_id)).status == COMPLETED for m in messages)
+    again = events.sqs_event(messages)
+    runner.run(batch.parse(again, False), again, None, LONG)
+    assert runs == ["a", "b"]
