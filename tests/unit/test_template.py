@@ -140,3 +140,10 @@ def test_outputs(template: dict[str, Any]) -> None:
     assert {"Ref": table_name(template)} in values
     for layer in layers:
         assert {"Ref": layer} in values
+
+
+def test_every_function_declares_the_endpoint_override_empty(template: dict[str, Any]) -> None:
+    # SAM's --env-vars only overrides variables the template declares: undeclared, a local run would
+    # silently reach real DynamoDB.
+    for name, fn in functions(template).items():
+        assert fn["Environment"]["Variables"].get("AWS_ENDPOINT_URL_DYNAMODB") == "", name

@@ -291,6 +291,9 @@ def boto3_url(t: Boto3Transport) -> str:
             {"AWS_ACCOUNT_ID": "123456789012", "AWS_ACCOUNT_ID_ENDPOINT_MODE": "disabled"},
             "https://dynamodb.eu-west-1.amazonaws.com",
         ),
+        # The template declares it empty so `sam local --env-vars` can set it: empty means unset, for both.
+        ({"AWS_ENDPOINT_URL_DYNAMODB": ""}, "https://dynamodb.eu-west-1.amazonaws.com"),
+        ({"AWS_ENDPOINT_URL_DYNAMODB": "", "AWS_ENDPOINT_URL": "http://global:1"}, "http://global:1"),
         ({"AWS_ENDPOINT_URL": "http://global:1"}, "http://global:1"),
         ({"AWS_ENDPOINT_URL": "http://global:1", "AWS_ENDPOINT_URL_DYNAMODB": "http://ddb:2"}, "http://ddb:2"),
         (
