@@ -50,6 +50,26 @@ def _get_handler(name: str) -> Any:
         raise ImportError(f"Handler '{function_name}' missing on module '{module_name}'") from None
 
 
+def _marshaller() -> Any:
+    """The runtime's marshaller class, or None outside a runtime."""
+    return _runtime_module("LambdaMarshaller", "awslambdaric.lambda_runtime_marshaller", "lambda_runtime_marshaller")
+
+
+def _checked_values(marshal: Any) -> Any:
+    """Results stored and handed back as values, refused (`Undeliverable`) when `marshal` cannot marshal them."""
+    from .cycle import Undeliverable, ValueResults
+
+    class CheckedValueResults(ValueResults):
+        def encode(self, value: Any) -> tuple[Any, Any]:
+            try:
+                marshal(value)
+            except Exception:
+                raise Undeliverable from None
+            return super().encode(value)
+
+    return CheckedValueResults()
+
+
 def _results() -> Any:
     """How results are stored and handed back, or None outside a runtime (nobody marshals them there).
 
@@ -59,13 +79,11 @@ def _results() -> Any:
     as it is: the replay's bytes are the first response's bytes, and a wrapper chained in front of us sees the
     same kind of value on both paths.
     """
-    marshaller = _runtime_module(
-        "LambdaMarshaller", "awslambdaric.lambda_runtime_marshaller", "lambda_runtime_marshaller"
-    )
+    marshaller = _marshaller()
     if marshaller is None:
         return None
     from . import codec
-    from .cycle import Undeliverable, ValueResults
+    from .cycle import Undeliverable
 
     marshal = marshaller().marshal_response
     raw = getattr(getattr(sys.modules.get(marshaller.__module__), "json", None), "RawJSON", None)
@@ -78,15 +96,7 @@ def _results() -> Any:
 
     if raw is None:
         # A marshaller that does not pass raw JSON through: check the value, then store and replay the value.
-        class CheckedValueResults(ValueResults):
-            def encode(self, value: Any) -> tuple[Any, codec.Encoded]:
-                try:
-                    marshal(value)
-                except Exception:
-                    raise Undeliverable from None
-                return super().encode(value)
-
-        return CheckedValueResults()
+        return _checked_values(marshal)
 
     class RuntimeResults:
         def encode(self, value: Any) -> tuple[Any, codec.Encoded]:
@@ -115,24 +125,12 @@ def _value_results() -> Any:
 
     For HTTP responses: a replay gains the Idempotent-Replayed header, so it is a value to amend, not the
     first response's bytes."""
-    from .cycle import Undeliverable, ValueResults
-
-    marshaller = _runtime_module(
-        "LambdaMarshaller", "awslambdaric.lambda_runtime_marshaller", "lambda_runtime_marshaller"
-    )
+    marshaller = _marshaller()
     if marshaller is None:
+        from .cycle import ValueResults
+
         return ValueResults()
-    marshal = marshaller().marshal_response
-
-    class CheckedValues(ValueResults):
-        def encode(self, value: Any) -> tuple[Any, Any]:
-            try:
-                marshal(value)
-            except Exception:
-                raise Undeliverable from None
-            return super().encode(value)
-
-    return CheckedValues()
+    return _checked_values(marshaller().marshal_response)
 
 
 def _without_layer_frames(tb: Any) -> Any:
