@@ -43,22 +43,30 @@ def build(system: str, table: str) -> Any:
     return make_powertools(table, settings["cache"], bench_handler.handler)
 
 
+_WALL, _CPU = time.perf_counter_ns, time.process_time_ns
+
+
+def _timed(handler: Any, ev: Any, context: Any, walls: list[int], cpus: list[int]) -> Any:
+    """One invocation, its wall and CPU nanoseconds appended to `walls` and `cpus`."""
+    c0 = _CPU()
+    w0 = _WALL()
+    result = handler(ev, context)
+    w1 = _WALL()
+    c1 = _CPU()
+    walls.append(w1 - w0)
+    cpus.append(c1 - c0)
+    return result
+
+
 def run(handler: Any, command: dict[str, Any]) -> dict[str, Any]:
     context = Context()
     walls: list[int] = []
     cpus: list[int] = []
     runs_before = bench_handler.RUNS
     wrong = 0
-    clock, cpu_clock = time.perf_counter_ns, time.process_time_ns
     for index in range(command["start"], command["start"] + command["n"]):
         ev = event(command["ns"], index, command["size"], command["keyed"])
-        c0 = cpu_clock()
-        w0 = clock()
-        result = handler(ev, context)
-        w1 = clock()
-        c1 = cpu_clock()
-        walls.append(w1 - w0)
-        cpus.append(c1 - c0)
+        result = _timed(handler, ev, context, walls, cpus)
         expected = {"orderId": ev.get("orderId"), "status": "placed", "lines": bench_handler.lines(ev["size"])}
         wrong += result != expected
     return {"wall": walls, "cpu": cpus, "runs": bench_handler.RUNS - runs_before, "wrong": wrong}
@@ -97,18 +105,11 @@ def run_sqs(handler: Any, command: dict[str, Any]) -> dict[str, Any]:
     walls: list[int] = []
     cpus: list[int] = []
     runs_before = bench_handler.RUNS
-    clock, cpu_clock = time.perf_counter_ns, time.process_time_ns
     for index in range(command["start"], command["start"] + command["n"]):
         messages = _messages(command, index)
         ev = sqs_event(messages)
         before = bench_handler.RUNS
-        c0 = cpu_clock()
-        w0 = clock()
-        result = handler(ev, context)
-        w1 = clock()
-        c1 = cpu_clock()
-        walls.append(w1 - w0)
-        cpus.append(c1 - c0)
+        result = _timed(handler, ev, context, walls, cpus)
         # Correctness, from the side effect: each message's work ran once, whichever delivery this is.
         orders = [json.loads(m.body)["orderId"] for m in messages]
         counts = {order: bench_handler.EXECUTIONS[order] for order in orders}

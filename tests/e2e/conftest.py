@@ -12,13 +12,16 @@ import json
 import shutil
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 
 from tests.conftest import CREDENTIALS
 from tests.support import downloads
+from tests.support.counting_proxy import CountingProxy
 from tests.support.dynamodb_local import create_table, wait_for
 from tests.support.rie import LambdaEnvironment, ensure_layer, unpack_layer
 
@@ -161,6 +164,29 @@ def shared_table(ddb_client: Any) -> Iterator[str]:
     name = create_table(ddb_client, f"idempotency-e2e-{uuid.uuid4().hex[:8]}")
     yield name
     ddb_client.delete_table(TableName=name)
+
+
+@pytest.fixture
+def wired_env(environments: Environments, ddb_client: Any, dynamodb: Any) -> Any:
+    """Factory: an environment on a table of its own behind a proxy counting its requests on the wire; the
+    environment, the proxy and the table are gone when the `with` block ends."""
+
+    @contextmanager
+    def wired(version: str, handler: str) -> Iterator[tuple[LambdaEnvironment, CountingProxy]]:
+        table = create_table(ddb_client, f"idempotency-wire-{uuid.uuid4().hex[:8]}")
+        upstream = urlparse(dynamodb.endpoint)
+        proxy = CountingProxy(upstream.hostname, upstream.port)
+        try:
+            env = environments.new(version, table, {"AWS_ENDPOINT_URL_DYNAMODB": proxy.endpoint}, handler=handler)
+            try:
+                yield env, proxy
+            finally:
+                env.stop()
+        finally:
+            proxy.close()
+            ddb_client.delete_table(TableName=table)
+
+    return wired
 
 
 @pytest.fixture

@@ -9,17 +9,14 @@ from __future__ import annotations
 import json
 import random
 import threading
-import uuid
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import pytest
 
 from tests.e2e.conftest import Environments, Executions, get_record, marker, record_id
 from tests.support import events
-from tests.support.counting_proxy import CountingProxy
-from tests.support.dynamodb_local import create_table, wait_for
+from tests.support.dynamodb_local import wait_for
 from tests.support.rie import Invocation, LambdaEnvironment
 
 CONSUMER = "consumer.handler"
@@ -223,31 +220,20 @@ def test_scope_event_keys_the_whole_batch_and_scope_record_refuses_other_events(
     assert "IDEMPOTENCY_SCOPE=record" in answer.error_message
 
 
-def test_requests_per_record_on_the_wire(primary: str, environments: Environments, ddb_client: Any,
-                                         executions: Executions, dynamodb: Any) -> None:
-    table = create_table(ddb_client, f"idempotency-batch-wire-{uuid.uuid4().hex[:8]}")
-    upstream = urlparse(dynamodb.endpoint)
-    proxy = CountingProxy(upstream.hostname, upstream.port)
-    try:
-        env = environments.new(primary, table, {"AWS_ENDPOINT_URL_DYNAMODB": proxy.endpoint}, handler=CONSUMER)
-        try:
-            assert failed(env.invoke(events.sqs_event([order()]))) == []  # warm: init's table check
-            messages = [order() for _ in range(10)]
-            proxy.reset()
-            assert failed(env.invoke(events.sqs_event(messages))) == []
-            assert proxy.snapshot()[0] == {"PutItem": 10, "UpdateItem": 10}  # per record: claim, complete
-            proxy.reset()
-            assert failed(env.invoke(events.sqs_event(messages))) == []
-            assert proxy.snapshot()[0] == {"PutItem": 10}  # per duplicate: one failed conditional write
-            flaky = order(fail_first=True)
-            proxy.reset()
-            assert failed(env.invoke(events.sqs_event([flaky]))) == [flaky.message_id]
-            assert proxy.snapshot()[0] == {"PutItem": 1, "DeleteItem": 1}  # claim, release
-        finally:
-            env.stop()
-    finally:
-        proxy.close()
-        ddb_client.delete_table(TableName=table)
+def test_requests_per_record_on_the_wire(primary: str, wired_env: Any, executions: Executions) -> None:
+    with wired_env(primary, CONSUMER) as (env, proxy):
+        assert failed(env.invoke(events.sqs_event([order()]))) == []  # warm: init's table check
+        messages = [order() for _ in range(10)]
+        proxy.reset()
+        assert failed(env.invoke(events.sqs_event(messages))) == []
+        assert proxy.snapshot()[0] == {"PutItem": 10, "UpdateItem": 10}  # per record: claim, complete
+        proxy.reset()
+        assert failed(env.invoke(events.sqs_event(messages))) == []
+        assert proxy.snapshot()[0] == {"PutItem": 10}  # per duplicate: one failed conditional write
+        flaky = order(fail_first=True)
+        proxy.reset()
+        assert failed(env.invoke(events.sqs_event([flaky]))) == [flaky.message_id]
+        assert proxy.snapshot()[0] == {"PutItem": 1, "DeleteItem": 1}  # claim, release
     assert all(executions.count(marker_of(m)) == 1 for m in messages)
 
 

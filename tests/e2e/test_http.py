@@ -6,17 +6,13 @@ from __future__ import annotations
 
 import json
 import threading
-import uuid
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlparse
+from typing import Any, NamedTuple
 
 import pytest
 
 from tests.e2e.conftest import Environments, Executions, marker
 from tests.support import http_events
-from tests.support.counting_proxy import CountingProxy
-from tests.support.dynamodb_local import create_table
 from tests.support.rie import Invocation
 
 WEB = "web.handler"
@@ -135,21 +131,38 @@ def test_a_bare_payload_2_response_is_replayed_in_the_explicit_form(
     assert executions.count(mark) == 1
 
 
-@pytest.mark.parametrize("wait", ["0", "30"])
-def test_a_concurrent_duplicate_is_409_or_with_waiting_the_replay(
-        wait: str, primary: str, environments: Environments, shared_table: str, executions: Executions,
-        tmp_path: Path) -> None:
-    envs = [web(environments, primary, shared_table, {"IDEMPOTENCY_WAIT_SECONDS": wait}, index=30 + i)
-            for i in range(2)]
+class Held(NamedTuple):
+    envs: list[Any]  # two warm environments; the first is running the request
+    mark: str
+    body: dict[str, Any]  # the request's body; the handler waits for `release` to exist
+    release: Path
+    answers: dict[str, Invocation]  # "first": the held request's answer, once it came
+    first: threading.Thread
+
+
+def _hold_first(environments: Environments, version: str, table: str, settings: dict[str, str], index: int,
+                executions: Executions, tmp_path: Path, form: str) -> Held:
+    """Two warm environments with `settings`; the first is inside the handler for a request it holds."""
+    envs = [web(environments, version, table, settings, index=index + i) for i in range(2)]
     for env in envs:
         answer(env.invoke(request("v2", None, {"marker": marker()})))  # warm
     mark = marker()
     release = tmp_path / "release"
     body = {"marker": mark, "release": str(release)}
     answers: dict[str, Invocation] = {}
-    first = threading.Thread(target=lambda: answers.update(first=envs[0].invoke(request("v2", mark, body))))
+    first = threading.Thread(target=lambda: answers.update(first=envs[0].invoke(request(form, mark, body))))
     first.start()
     executions.wait_for(mark, 1)
+    return Held(envs, mark, body, release, answers, first)
+
+
+@pytest.mark.parametrize("wait", ["0", "30"])
+def test_a_concurrent_duplicate_is_409_or_with_waiting_the_replay(
+        wait: str, primary: str, environments: Environments, shared_table: str, executions: Executions,
+        tmp_path: Path) -> None:
+    held = _hold_first(environments, primary, shared_table, {"IDEMPOTENCY_WAIT_SECONDS": wait}, 30, executions,
+                       tmp_path, "v2")
+    envs, mark, body, release, answers, first = held
     if wait == "0":
         duplicate = answer(envs[1].invoke(request("v2", mark, body)))
         release.touch()
@@ -166,33 +179,22 @@ def test_a_concurrent_duplicate_is_409_or_with_waiting_the_replay(
     assert executions.count(mark) == 1
 
 
-def test_requests_on_the_wire_for_http(primary: str, environments: Environments, ddb_client: Any,
-                                       dynamodb: Any) -> None:
-    table = create_table(ddb_client, f"idempotency-http-wire-{uuid.uuid4().hex[:8]}")
-    upstream = urlparse(dynamodb.endpoint)
-    proxy = CountingProxy(upstream.hostname, upstream.port)
-    try:
-        env = environments.new(primary, table, {"AWS_ENDPOINT_URL_DYNAMODB": proxy.endpoint}, handler=WEB)
-        try:
-            answer(env.invoke(request("v2", marker(), {"marker": marker()})))  # warm: init's table check
-            mark = marker()
-            proxy.reset()
-            answer(env.invoke(request("v2", mark, {"marker": mark})))
-            assert proxy.snapshot()[0] == {"PutItem": 1, "UpdateItem": 1}
-            proxy.reset()
-            assert headers_of(answer(env.invoke(request("v2", mark, {"marker": mark}))))["idempotent-replayed"]
-            assert proxy.snapshot()[0] == {"PutItem": 1}  # a replay is one request
-            proxy.reset()
-            assert answer(env.invoke(request("v2", mark, {"marker": mark, "x": 1})))["statusCode"] == 422
-            assert proxy.snapshot()[0] == {"PutItem": 1}  # so is a mismatch
-            proxy.reset()
-            assert answer(env.invoke(request("v2", "bad key", {"marker": mark})))["statusCode"] == 400
-            assert proxy.snapshot()[0] == {}  # a malformed header costs nothing
-        finally:
-            env.stop()
-    finally:
-        proxy.close()
-        ddb_client.delete_table(TableName=table)
+def test_requests_on_the_wire_for_http(primary: str, wired_env: Any) -> None:
+    with wired_env(primary, WEB) as (env, proxy):
+        answer(env.invoke(request("v2", marker(), {"marker": marker()})))  # warm: init's table check
+        mark = marker()
+        proxy.reset()
+        answer(env.invoke(request("v2", mark, {"marker": mark})))
+        assert proxy.snapshot()[0] == {"PutItem": 1, "UpdateItem": 1}
+        proxy.reset()
+        assert headers_of(answer(env.invoke(request("v2", mark, {"marker": mark}))))["idempotent-replayed"]
+        assert proxy.snapshot()[0] == {"PutItem": 1}  # a replay is one request
+        proxy.reset()
+        assert answer(env.invoke(request("v2", mark, {"marker": mark, "x": 1})))["statusCode"] == 422
+        assert proxy.snapshot()[0] == {"PutItem": 1}  # so is a mismatch
+        proxy.reset()
+        assert answer(env.invoke(request("v2", "bad key", {"marker": mark})))["statusCode"] == 400
+        assert proxy.snapshot()[0] == {}  # a malformed header costs nothing
 
 
 def test_a_replay_of_a_result_too_large_to_store_is_500(primary: str, environments: Environments, shared_table: str,
@@ -238,18 +240,9 @@ def test_http_replays_on_every_python(python_version: str, environments: Environ
 
 def test_a_wait_that_runs_out_is_409(primary: str, environments: Environments, shared_table: str,
                                      executions: Executions, tmp_path: Path) -> None:
-    envs = [web(environments, primary, shared_table, {"IDEMPOTENCY_WAIT_SECONDS": "1"}, index=40 + i)
-            for i in range(2)]
-    for env in envs:
-        answer(env.invoke(request("v2", None, {"marker": marker()})))  # warm
-    mark = marker()
-    release = tmp_path / "release"
-    body = {"marker": mark, "release": str(release)}
-    answers: dict[str, Invocation] = {}
-    first = threading.Thread(target=lambda: answers.update(first=envs[0].invoke(request("rest", mark, body))))
-    first.start()
+    envs, mark, body, release, _answers, first = _hold_first(
+        environments, primary, shared_table, {"IDEMPOTENCY_WAIT_SECONDS": "1"}, 40, executions, tmp_path, "rest")
     try:
-        executions.wait_for(mark, 1)
         duplicate = answer(envs[1].invoke(request("rest", mark, body)))
         assert duplicate["statusCode"] == 409 and headers_of(duplicate)["retry-after"] == "1"
         assert "after waiting" in json.loads(duplicate["body"])["detail"]
