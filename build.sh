@@ -4,6 +4,7 @@
 #   ./build.sh test [PYTEST_ARGS...]    fresh-machine setup, ruff, build, downloads, pytest
 #   ./build.sh demo                     the unmodified examples/orders handler under the layer, locally
 #   ./build.sh bench [ARGS...]          bench/run.py
+#   ./build.sh sam-local                the README's SAM commands, run and checked (scripts/sam-local.sh)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -191,6 +192,14 @@ cmd_bench() {
   exec "$VENV/bin/python" bench/run.py "$@"
 }
 
+cmd_sam_local() {
+  ensure_java
+  ensure_venv test
+  cmd_build
+  "$VENV/bin/python" -m tests.support.downloads
+  in_run_tmpdir "$ROOT/scripts/sam-local.sh"
+}
+
 sub=${1:-build}
 [[ $# -gt 0 ]] && shift
 case $sub in
@@ -198,7 +207,8 @@ case $sub in
   test) cmd_test "$@" ;;
   demo) cmd_demo "$@" ;;
   bench) cmd_bench "$@" ;;
+  sam-local) cmd_sam_local ;;
   --with-boto3) cmd_build "$sub" "$@" ;;
-  -h | --help) sed -n '2,6s/^# \{0,1\}//p' "$0" ;;
-  *) die "unknown command '$sub' (build, test, demo, bench)" ;;
+  -h | --help) sed -n '2,7s/^# \{0,1\}//p' "$0" ;;
+  *) die "unknown command '$sub' (build, test, demo, bench, sam-local)" ;;
 esac
