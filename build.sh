@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Build, test, demo and bench entry point.
+# Build, test, demo, bench and chaos entry point.
 #   ./build.sh [build] [--with-boto3]   layer zips in dist/, one per architecture, verified
 #   ./build.sh test [PYTEST_ARGS...]    fresh-machine setup, ruff, build, downloads, pytest
 #   ./build.sh demo                     the unmodified examples/orders handler under the layer, locally
 #   ./build.sh bench [ARGS...]          bench/run.py
+#   ./build.sh chaos [ARGS...]          the fault-injection soak (tests/support/chaos.py; --help for its flags)
 #   ./build.sh sam-local                the README's SAM commands, run and checked (scripts/sam-local.sh)
 set -euo pipefail
 
@@ -192,6 +193,14 @@ cmd_bench() {
   exec "$VENV/bin/python" bench/run.py "$@"
 }
 
+cmd_chaos() {
+  ensure_java
+  ensure_venv test
+  cmd_build
+  "$VENV/bin/python" -m tests.support.downloads
+  in_run_tmpdir "$VENV/bin/python" -m tests.support.chaos "$@"
+}
+
 cmd_sam_local() {
   ensure_java
   ensure_venv test
@@ -207,8 +216,9 @@ case $sub in
   test) cmd_test "$@" ;;
   demo) cmd_demo "$@" ;;
   bench) cmd_bench "$@" ;;
+  chaos) cmd_chaos "$@" ;;
   sam-local) cmd_sam_local ;;
   --with-boto3) cmd_build "$sub" "$@" ;;
-  -h | --help) sed -n '2,7s/^# \{0,1\}//p' "$0" ;;
-  *) die "unknown command '$sub' (build, test, demo, bench, sam-local)" ;;
+  -h | --help) sed -n '2,8s/^# \{0,1\}//p' "$0" ;;
+  *) die "unknown command '$sub' (build, test, demo, bench, chaos, sam-local)" ;;
 esac

@@ -1,0 +1,25 @@
+"""The fault-injection soak's function: plain Lambda code that knows nothing of the layer.
+
+Every execution first appends one line to $CHAOS_RUNS_FILE naming the event's key, a fresh run id and the
+delivery attempt that brought it, so the soak counts executions from this side effect alone, and can tell
+the runs of an environment it killed from the others. Then it works for `work_ms` (the window in which a
+kill lands after the side effect) and returns the key and the run id: a replay must return the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from typing import Any
+
+
+def handler(event: dict[str, Any], context: Any) -> dict[str, str]:
+    run = uuid.uuid4().hex
+    line = json.dumps({"key": event["key"], "run": run, "attempt": event.get("attempt")}) + "\n"
+    # One short write on an O_APPEND file: lines from concurrent environments never interleave.
+    with open(os.environ["CHAOS_RUNS_FILE"], "a") as runs:
+        runs.write(line)
+    time.sleep(event.get("work_ms", 0) / 1000)
+    return {"key": event["key"], "run": run}

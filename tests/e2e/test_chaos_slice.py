@@ -1,0 +1,30 @@
+"""A slice of the fault-injection soak (`./build.sh chaos`, tests/support/chaos.py) in every test run: a few
+hundred invocations with duplicates, every kind of store fault and environments SIGKILLed mid-invocation,
+and not one key run twice, answered two ways, lost or left stuck."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from tests.support.chaos import Settings, report_lines, soak
+from tests.support.fault_proxy import KINDS
+
+SLICE = Settings(invocations=300, duplicates=0.3, fault_rate=0.12, kill_rate=0.05, environments=4, seed=10, timeout=4)
+
+
+def test_a_soak_slice_with_faults_and_kills_runs_every_key_once(dynamodb: Any, opt_dir: Path, primary: str,
+                                                                  tmp_path: Path) -> None:
+    report = soak(replace(SLICE, python=primary), work=tmp_path / "soak", dynamodb_endpoint=dynamodb.endpoint,
+                  opt_dir=opt_dir, say=lambda line: None)
+    print("\n" + "\n".join(report_lines(report)))
+    figures = report["figures"]
+    # The faults and the kills really happened: counted by the proxy and by the killer.
+    assert all(figures["faults"][kind] >= 1 for kind in KINDS), figures["faults"]
+    assert figures["kills"] >= 1
+    assert figures["duplicates"] == 90 and figures["answers"]["ok"] == 300
+    assert not [name for name in figures["answers"] if name.startswith("unexpected")], figures["answers"]
+    zeros = {name: figures[name] for name in ("doubles", "divergent", "lost", "stuck")}
+    assert zeros == {"doubles": 0, "divergent": 0, "lost": 0, "stuck": 0}, report["examples"]
+    assert figures["completed_records"] == figures["keys"]
