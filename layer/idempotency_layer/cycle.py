@@ -29,6 +29,11 @@ from .errors import (
 from .store import COMPLETED, Record, Store
 
 MAX_CLAIM_ATTEMPTS = 3
+# A claim outlasts its invocation's deadline by this much. Whether a claim has expired is judged by the clock of
+# the environment that wants to take it over; one whose clock runs ahead by up to this much still sees the
+# claim live until the invocation that holds it has been stopped (tests/support/model.py finds a double run
+# without it at 0.5 s of skew).
+CLAIM_MARGIN_MS = 1000
 # Waiting for another invocation's outcome: polls from 50 ms, doubling to 1 s, with jitter; and stop waiting
 # while this much of the invocation is left, to claim, run or answer in.
 FIRST_POLL_S, LAST_POLL_S, WAIT_MARGIN_MS = 0.05, 1.0, 1000
@@ -255,7 +260,7 @@ class Cycle:
     def _claim(self, key: str, owner: str, remaining_ms: int, fingerprint: str | None) -> Record | None:
         for _ in range(MAX_CLAIM_ATTEMPTS):
             now = self.clock()
-            in_progress_until = int(now * 1000) + max(0, remaining_ms, self.min_claim_ms)
+            in_progress_until = int(now * 1000) + max(0, remaining_ms, self.min_claim_ms) + CLAIM_MARGIN_MS
             # A claim must not expire (and be taken) while its invocation may still be running.
             expires_at = max(int(now) + self.ttl_seconds, -(-in_progress_until // 1000))
             record = self.store.claim(key, owner, now, in_progress_until, expires_at, fingerprint)

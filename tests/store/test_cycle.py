@@ -13,7 +13,7 @@ from decimal import Decimal
 import pytest
 
 from idempotency_layer import codec
-from idempotency_layer.cycle import Cycle, Undeliverable, ValueResults
+from idempotency_layer.cycle import CLAIM_MARGIN_MS, Cycle, Undeliverable, ValueResults
 from idempotency_layer.errors import (
     IdempotencyAlreadyInProgressError,
     IdempotencyClaimConflictError,
@@ -99,19 +99,25 @@ def test_live_claim_of_another_invocation_is_in_progress(store):
     assert handler.calls == []
 
 
-def test_claim_lasts_the_remaining_time_and_zero_is_real(store):
+def test_claim_lasts_the_remaining_time_plus_the_skew_margin(store):
     clock = Clock()
     cycle = Cycle(store, ttl_seconds=3600, clock=clock)
     seen = []
+    claimed_at_ms = int(clock.now * 1000)
 
     def nested():
-        # While we hold a zero-length claim, another invocation may take it at once.
-        clock.now += 0.002
+        # With no time left, our claim lasts only the margin; just before it ends it is still ours, just after
+        # it another invocation may take it.
+        assert store.get(KEY).in_progress_until == claimed_at_ms + CLAIM_MARGIN_MS
+        clock.now += CLAIM_MARGIN_MS / 1000 - 0.002
+        seen.append(store.claim(KEY, "early", clock.now, int(clock.now * 1000) + 1000, int(clock.now) + 3600))
+        clock.now += 0.004
         seen.append(store.claim(KEY, "other", clock.now, int(clock.now * 1000) + 1000, int(clock.now) + 3600))
         return "late"
 
     assert cycle.run(KEY, nested, 0).value == "late"
-    assert seen == [None]
+    assert seen[0] is not None and seen[0].owner != "early"
+    assert seen[1] is None
     record = store.get(KEY)
     assert record.owner == "other" and record.status != COMPLETED  # our completion did not overwrite theirs
 
@@ -177,7 +183,7 @@ def test_taken_over_claim_still_returns_our_result(store):
     cycle = Cycle(store, ttl_seconds=3600, clock=clock)
 
     def slow():
-        clock.now += 2  # past our 1 s claim: another invocation takes over
+        clock.now += 1 + CLAIM_MARGIN_MS / 1000 + 1  # past our 1 s claim and its margin: another takes over
         assert store.claim(KEY, "other", clock.now, int(clock.now * 1000) + 60_000, int(clock.now) + 3600) is None
         return "ours"
 
