@@ -670,23 +670,31 @@ def report_lines(report: Mapping[str, Any]) -> list[str]:
 
 def _parser() -> argparse.ArgumentParser:
     d = Settings()
-    p = argparse.ArgumentParser(prog="./build.sh chaos", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--invocations", type=int, default=d.invocations, help="copies delivered, duplicates included")
-    p.add_argument("--duplicates", type=float, default=d.duplicates, help="fraction of copies that are duplicates")
+    p = argparse.ArgumentParser(prog="./build.sh chaos", description=__doc__.split("\n\n")[0])
+    p.add_argument("--invocations", type=int, default=d.invocations,
+                   help="copies delivered, duplicates included (default: %(default)s)")
+    p.add_argument("--duplicates", type=float, default=d.duplicates,
+                   help="fraction of copies that are duplicates (default: %(default)s)")
     p.add_argument("--fault-rate", type=float, default=None,
-                   help=f"fraction of store requests faulted (default {d.fault_rate}; 0.3 with --compare-persistence)")
-    p.add_argument("--faults", default=",".join(d.faults), help="fault kinds sharing the fault rate evenly")
-    p.add_argument("--kill-rate", type=float, default=d.kill_rate, help="fraction of invocations killed")
-    p.add_argument("--environments", type=int, default=d.environments, help="execution environments at once")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--timeout", type=int, default=d.timeout, help="the function's timeout, seconds")
-    p.add_argument("--attempts", type=int, default=d.attempts, help="attempt budget per copy")
-    p.add_argument("--work-ms", type=int, default=d.work_ms, help="the handler's work after its side effect")
-    p.add_argument("--python", default=None, help="runtime Python version (default 3.12 when found)")
+                   help=f"fraction of store requests faulted (default: {d.fault_rate}; 0.3 with --compare-persistence)")
+    p.add_argument("--faults", default=",".join(d.faults),
+                   help="fault kinds sharing the fault rate evenly (default: %(default)s)")
+    p.add_argument("--kill-rate", type=float, default=d.kill_rate,
+                   help="fraction of invocations killed (default: %(default)s)")
+    p.add_argument("--environments", type=int, default=d.environments,
+                   help="execution environments at once (default: %(default)s, three per CPU)")
+    p.add_argument("--seed", type=int, default=d.seed, help="seeds the plan, the faults and the kills (default: "
+                   "%(default)s)")
+    p.add_argument("--timeout", type=int, default=d.timeout, help="the function's timeout, seconds (default: "
+                   "%(default)s)")
+    p.add_argument("--attempts", type=int, default=d.attempts, help="attempt budget per copy (default: %(default)s)")
+    p.add_argument("--work-ms", type=int, default=d.work_ms,
+                   help="the handler's work after its side effect (default: %(default)s)")
+    p.add_argument("--python", default=None, help="the runtime's Python version (default: 3.12 when found)")
     p.add_argument("--compare-persistence", action="store_true",
                    help="run twice, with and without the completion write's retries, at a high fault rate")
-    p.add_argument("--json", type=Path, default=None, help="where to write the figures (default: under ~/.cache)")
+    p.add_argument("--json", type=Path, default=None,
+                   help="where to write the figures (default: ~/.cache/idempotency-layer/chaos/chaos-<time>.json)")
     return p
 
 
