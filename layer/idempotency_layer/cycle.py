@@ -210,12 +210,17 @@ class Cycle:
         delay = FIRST_COMPLETE_RETRY_S
         attempt = 1
         while True:
+            started = time.monotonic()
             try:
                 completed = self.store.complete(key, owner, result, expires_at)
                 break
             except IdempotencyPersistenceLayerError as error:
                 pause = delay * (0.5 + random.random() / 2)
-                if error.permanent or deadline is None or time.monotonic() + pause >= deadline:
+                # One attempt may take seconds (the transport's own retries, a slow read): another is started
+                # only if one as long as the last still ends before the deadline, so the result is handed back
+                # before Lambda's timeout.
+                spent = time.monotonic() - started
+                if error.permanent or deadline is None or time.monotonic() + pause + spent >= deadline:
                     return self._completion_failed(key, error, attempt)
                 logger.warning("completing key %r failed (attempt %d), retrying in %.2f s: %s", key, attempt, pause,
                                error)

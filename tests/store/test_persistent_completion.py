@@ -5,6 +5,7 @@ side effect; completion attempts by the transport wrapper that fails them."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from idempotency_layer.config import Attributes
@@ -24,14 +25,16 @@ class FailCompletions:
     (a reply lost on the way back)."""
 
     def __init__(self, transport: Any, times: int, code: str = "ProvisionedThroughputExceededException",
-                 land_first: bool = False) -> None:
+                 land_first: bool = False, slow: float = 0.0) -> None:
         self.transport, self.times, self.code, self.land_first = transport, times, code, land_first
+        self.slow = slow  # seconds each failing attempt takes, as the transport's own retries would
         self.attempts = 0
 
     def call(self, operation: str, params: dict[str, Any]) -> dict[str, Any]:
         if operation == "UpdateItem":
             self.attempts += 1
             if self.attempts <= self.times:
+                time.sleep(self.slow)
                 if self.land_first:
                     self.transport.call(operation, params)
                 raise DynamoDBError(operation, self.code, "refused by the test", None, 400)
@@ -65,6 +68,23 @@ def test_no_retry_past_the_invocations_deadline(transport, table_name):
     cycle, store = cycle_on(failing, table_name)
     assert cycle.run(KEY, lambda: "late", 1_050).value == "late"  # 50 ms beyond the 1 s margin: no room
     assert failing.attempts == 1 and store.get(KEY).status == INPROGRESS
+
+
+def test_no_retry_that_would_end_past_the_deadline(transport, table_name):
+    # Each failing attempt takes 0.3 s; with 0.45 s to the deadline, a second one would end after it.
+    failing = FailCompletions(transport, times=100, slow=0.3)
+    cycle, store = cycle_on(failing, table_name)
+    started = time.monotonic()
+    assert cycle.run(KEY, lambda: "late", 1_450).value == "late"
+    assert failing.attempts == 1 and time.monotonic() - started < 0.45 + 0.2
+    assert store.get(KEY).status == INPROGRESS
+
+
+def test_slow_attempts_are_retried_while_they_fit(transport, table_name):
+    failing = FailCompletions(transport, times=2, slow=0.2)
+    cycle, store = cycle_on(failing, table_name)
+    assert cycle.run(KEY, lambda: "v", 3_000).value == "v"  # 2 s to the deadline: three 0.2 s attempts fit
+    assert failing.attempts == 3 and store.get(KEY).status == COMPLETED
 
 
 def test_a_permanent_refusal_is_not_retried(transport, table_name):
