@@ -206,7 +206,8 @@ cmd_sam_local() {
   ensure_venv test
   cmd_build
   "$VENV/bin/python" -m tests.support.downloads
-  in_run_tmpdir "$ROOT/scripts/sam-local.sh"
+  # exec: a signal to this process reaches the script, which takes its namespace down (and cleans up) itself.
+  exec "$ROOT/scripts/sam-local.sh"
 }
 
 sub=${1:-build}

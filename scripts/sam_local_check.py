@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import shutil
@@ -51,13 +52,19 @@ class Command:
     heredoc: tuple[str, str] | None = None  # (file name, content) for `cat > FILE <<'END'`
 
 
-def readme_commands(readme: Path) -> list[Command]:
-    """The commands of the first bash block under SECTION, in order."""
+def readme_block(readme: Path) -> str:
+    """The text of the first bash block under SECTION."""
     text = readme.read_text(encoding="utf-8")
-    start = text.index(SECTION)
+    start = text.find(SECTION)
+    check(start >= 0, f"README: no section {SECTION!r}")
     block = re.search(r"```bash\n(.*?)```", text[start:], re.S)
     check(block is not None, f"README: no bash block under {SECTION!r}")
-    lines = block.group(1).splitlines()
+    return block.group(1)
+
+
+def readme_commands(readme: Path) -> list[Command]:
+    """The commands of the first bash block under SECTION, in order."""
+    lines = readme_block(readme).splitlines()
     commands: list[Command] = []
     i = 0
     while i < len(lines):
@@ -68,16 +75,21 @@ def readme_commands(readme: Path) -> list[Command]:
         heredoc = re.fullmatch(r"cat > (\S+) <<'(\w+)'", line)
         if heredoc:
             body = []
-            while i < len(lines) and lines[i].strip() != heredoc.group(2):
+            while i < len(lines) and lines[i] != heredoc.group(2):  # bash wants the terminator alone
                 body.append(lines[i])
                 i += 1
             check(i < len(lines), f"README: {line!r} has no closing {heredoc.group(2)}")
             i += 1
             commands.append(Command(line, heredoc=(heredoc.group(1), "\n".join(body) + "\n")))
             continue
-        while line.endswith("\\"):
+        raw = lines[i - 1]
+        while raw.endswith("\\"):
+            check(i < len(lines), "README: the block ends in a line continuation")
             line = line[:-1].rstrip() + " " + lines[i].strip()
+            raw = lines[i]
             i += 1
+        check(not raw.rstrip().endswith("\\") or raw.endswith("\\"),
+              f"README: a space after the line continuation in {raw.strip()!r}")
         background = line.endswith(" &")
         commands.append(Command(line[:-2].rstrip() if background else line, background=background))
     return commands
@@ -94,10 +106,20 @@ class Run:
     http: dict = field(default_factory=dict)
 
 
+ENV: dict[str, str] = dict(os.environ)  # what the README's `export` lines set applies to every later command
+
+
 def run(args: list[str], cwd: Path, timeout: float = INVOKE_TIMEOUT) -> subprocess.CompletedProcess:
     shown = " ".join(shlex.quote(a) for a in args)
     print(f"$ {shown}", flush=True)
-    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=ENV)
+
+
+def shell_syntax_ok(block: str) -> None:
+    """The block must parse as bash, as a user pastes it (a heredoc or a quote left open fails here)."""
+    done = subprocess.run(["bash", "-n"], input=block, capture_output=True, text=True)
+    # bash only warns about a heredoc left open, so a warning fails too.
+    check(done.returncode == 0 and not done.stderr.strip(), f"README's block is not valid bash: {done.stderr.strip()}")
 
 
 def json_lines(text: str, key: str) -> list[dict]:
@@ -180,7 +202,7 @@ def api_start(run_: Run, command: Command) -> None:
     print(f"$ {' '.join(shlex.quote(a) for a in args)} &", flush=True)
     with open(run_.api_log, "w") as log:
         run_.api = subprocess.Popen(args, cwd=run_.work, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+                                    start_new_session=True, env=ENV)
     deadline = time.monotonic() + 120
     while True:
         check(run_.api.poll() is None, f"sam local start-api exited:\n{run_.api_log.read_text()[-3000:]}")
@@ -215,7 +237,8 @@ def api_placements(run_: Run) -> list[dict]:
 def curl_response(done: subprocess.CompletedProcess) -> tuple[int, dict[str, str], str]:
     check(done.returncode == 0, f"curl failed ({done.returncode}): {done.stderr[-500:]}")
     head, _, body = done.stdout.replace("\r\n", "\n").partition("\n\n")
-    status_line, *header_lines = head.splitlines()
+    status_line, *header_lines = head.splitlines() or [""]
+    check(status_line.startswith("HTTP/"), "curl printed no status line: the README's curl needs -i")
     headers = {}
     for line in header_lines:
         name, _, value = line.partition(":")
@@ -283,12 +306,15 @@ def plan(commands: list[Command]) -> list[tuple[Command, Step | None]]:
             except ValueError as error:
                 raise CheckFailed(f"README's {name} is not JSON: {error}") from error
             paired.append((command, None))
-        elif text.startswith("java "):
-            # scripts/sam-local.sh starts DynamoDB Local itself (the jar lives in the test cache), so the
-            # README's line is checked for the settings that matter, not run.
-            check("-sharedDb" in text and "-port 8000" in text, "README's DynamoDB Local line lacks -sharedDb")
+        elif "DynamoDBLocal.jar" in text:
+            # scripts/sam-local.sh starts DynamoDB Local itself (the jar lives in the test cache), with these
+            # same settings, so the README's line is checked for them rather than run.
+            for flag in ("-sharedDb", "-port 8000", "-disableTelemetry"):
+                check(flag in text, f"README's DynamoDB Local line lacks {flag}")
+            check(command.background, "README's DynamoDB Local line should run in the background (&)")
             paired.append((command, None))
-        elif text.startswith(("aws ", "sam build", "sam validate")):
+        elif text.startswith(("export ", "until ", "aws ", "sam build", "sam validate")):
+            check(not command.background, f"README command {text!r} should not run in the background")
             paired.append((command, None))
         else:
             check(bool(steps), f"README command the check does not know: {text!r}")
@@ -326,17 +352,28 @@ def main() -> int:
     shutil.copytree(repo / "examples", work / "examples", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(repo / "dist", work / "dist")
 
-    table = boto3.resource("dynamodb", endpoint_url="http://127.0.0.1:8000").Table("idempotency")
+    # The check's own reads of the table; -sharedDb takes any credentials.
+    table = boto3.resource("dynamodb", endpoint_url="http://127.0.0.1:8000", region_name="us-east-1",
+                           aws_access_key_id="check", aws_secret_access_key="check").Table("idempotency")
     state = Run(work=work, table=table)
     try:
+        shell_syntax_ok(readme_block(repo / "README.md"))
         for command, step in plan(readme_commands(repo / "README.md")):
             text = command.text
             if command.heredoc:
                 name, content = command.heredoc
                 (work / name).write_text(content, encoding="utf-8")
                 print(f"$ {text} (written)")
-            elif text.startswith("java "):
+            elif "DynamoDBLocal.jar" in text:
                 continue  # scripts/sam-local.sh started it (plan() checked its settings)
+            elif text.startswith("export "):
+                print(f"$ {text}")
+                for assignment in shlex.split(text)[1:]:
+                    name, _, value = assignment.partition("=")
+                    ENV[name] = value
+            elif text.startswith("until "):
+                done = run(["bash", "-c", text], work, timeout=120)
+                check(done.returncode == 0, f"{text!r} did not end within 120 s")
             elif step is None:
                 done = run(shlex.split(text), work)
                 check(done.returncode == 0, f"{text!r} failed ({done.returncode}):\n{done.stdout[-2000:]}"

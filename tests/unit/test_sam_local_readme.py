@@ -31,7 +31,14 @@ def test_every_readme_command_is_setup_or_the_next_scenario_step() -> None:
     steps = [step for _, step in paired if step is not None]
     assert steps == sam.SCENARIO
     setup = [command.text.split()[0] for command, step in paired if step is None]
-    assert setup == ["java", "aws", "aws", "cat", "sam", "sam"]
+    assert setup == ["export", "(cd", "until", "aws", "aws", "cat", "sam", "sam", "until"]
+
+
+def test_the_block_parses_as_bash_as_pasted() -> None:
+    sam.shell_syntax_ok(sam.readme_block(ROOT / "README.md"))
+    for broken in ("cat > env.json <<'JSON'\n{}\n  JSON\n", "echo 'open\n"):
+        with pytest.raises(sam.CheckFailed, match="not valid bash"):
+            sam.shell_syntax_ok(broken)
 
 
 def test_env_json_sets_only_variables_the_functions_declare() -> None:
@@ -62,8 +69,13 @@ def test_parser_joins_continuations_reads_heredocs_and_marks_background(tmp_path
     ("sam local invoke ShipmentFunction x\n", "is not the next step"),
     ("rm -rf /\n", "is not the next step"),
     ("sam build\n", "README lacks steps"),
-    ("java -jar DynamoDBLocal.jar -port 8000 &\n", "lacks -sharedDb"),
+    ("java -jar DynamoDBLocal.jar -port 8000 -disableTelemetry &\n", "lacks -sharedDb"),
+    ("java -jar DynamoDBLocal.jar -sharedDb -port 8000 &\n", "lacks -disableTelemetry"),
+    ("java -jar DynamoDBLocal.jar -sharedDb -port 8000 -disableTelemetry\n", "in the background"),
     ("cat > env.json <<'JSON'\n{\nJSON\n", "is not JSON"),
+    ("cat > env.json <<'JSON'\n{}\n  JSON\n", "no closing JSON"),
+    ("aws a \\ \n  b\n", "a space after the line continuation"),
+    ("aws a &\n", "should not run in the background"),
 ])
 def test_plan_refuses_a_block_the_scenario_does_not_match(tmp_path: Path, body: str, problem: str) -> None:
     readme = tmp_path / "README.md"
