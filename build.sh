@@ -131,6 +131,14 @@ ensure_java() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null
 }
 
+# libfaketime skews one soak environment's clock (tests/support/chaos.py).
+ensure_faketime() {
+  compgen -G '/usr/lib/*/faketime/libfaketimeMT.so.1' >/dev/null && return
+  log "installing libfaketime for the soak's skewed clocks"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null
+}
+
 # Python 3.11 (the tooling's version) from pyenv when it has one, else whatever python3 there is.
 find_python311() {
   local p
@@ -159,6 +167,7 @@ ensure_venv() { # EXTRA
 
 cmd_test() {
   ensure_java
+  ensure_faketime
   ensure_venv test
   log "ruff check"
   "$VENV/bin/ruff" check .
@@ -195,6 +204,7 @@ cmd_bench() {
 
 cmd_chaos() {
   ensure_java
+  ensure_faketime
   ensure_venv test
   cmd_build
   "$VENV/bin/python" -m tests.support.downloads

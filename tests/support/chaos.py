@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import hashlib
 import heapq
 import http.client
@@ -83,6 +84,9 @@ class Settings:
     spike_ms: tuple[int, int] = (200, 1000)  # a latency spike's range
     faults: tuple[str, ...] = KINDS
     persistent: bool = True  # False: the completion write is not retried (a patched copy of the layer)
+    # Every second environment's clock runs this many seconds ahead (libfaketime in its runtime; the emulator,
+    # which sets the deadline, keeps the true time, as Lambda's service does).
+    skew_s: float = 0.0
     python: str | None = None  # the runtime's Python version; default 3.12 when found
 
     def check(self) -> None:
@@ -116,6 +120,16 @@ class Attempt:
     outcome: str = ""  # ok, in_progress, store, claim_conflict, killed, timeout, connection, unexpected:<what>
     body: bytes | None = None
     killed: bool = False  # SIGKILLed before its answer came
+    skewed: bool = False  # sent to an environment whose clock runs ahead
+    sent_at: float = 0.0  # time.time() when sent, by the soak's own clock
+
+
+def faketime_library() -> str:
+    """libfaketime's multithreaded library (Debian's `faketime` package), for an environment's skewed clock."""
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1"))
+    if not found:
+        raise RuntimeError("a skewed clock needs libfaketime: apt-get install -y faketime")
+    return found[0]
 
 
 def record_id(key: str) -> str:
@@ -295,13 +309,17 @@ class Soak:
         s = self.settings
         assert self.proxy is not None
         serial = next(self._envs)
+        variables = {**CREDENTIALS, "AWS_ENDPOINT_URL_DYNAMODB": self.proxy.endpoint, "IDEMPOTENCY_TABLE": self.table,
+                     "IDEMPOTENCY_KEY_JMESPATH": "key", "IDEMPOTENCY_PAYLOAD_JMESPATH": "payload",
+                     "CHAOS_RUNS_FILE": str(self.runs_file)}
+        skewed = bool(s.skew_s) and serial % 2 == 1
+        if skewed:
+            variables.update(LD_PRELOAD=faketime_library(), FAKETIME=f"{s.skew_s:+.3f}")
         env = LambdaEnvironment(
             self.python, self.task_root, version=self.python_version, handler=HANDLER, opt_dir=self.opt_dir,
-            timeout=s.timeout, function_name=FUNCTION, log_path=self.logs / f"env-{serial}.log",
-            env={**CREDENTIALS, "AWS_ENDPOINT_URL_DYNAMODB": self.proxy.endpoint, "IDEMPOTENCY_TABLE": self.table,
-                 "IDEMPOTENCY_KEY_JMESPATH": "key", "IDEMPOTENCY_PAYLOAD_JMESPATH": "payload",
-                 "CHAOS_RUNS_FILE": str(self.runs_file)},
+            timeout=s.timeout, function_name=FUNCTION, log_path=self.logs / f"env-{serial}.log", env=variables,
         )
+        env.skewed = skewed
         with self._lock:
             if self._closing:
                 raise RuntimeError("the soak is closing: no new environment")
@@ -356,6 +374,17 @@ class Soak:
             until = max(int(item["in_progress_until"]["N"]) for item in live) / 1000
             wait_for(lambda: time.time() > until + 0.1, self.settings.timeout + 30, "the live claims' deadlines")
         return [item["id"]["S"] for item in in_progress()], len(live)
+
+    @staticmethod
+    def _clock_offsets(runs: list[dict[str, Any]], attempts: dict[str, Attempt]) -> dict[str, float | None]:
+        """How far ahead of the soak's clock each kind of environment's handler saw the time (median, from the
+        handler's own line against the time its invocation was sent): the skew really applied, or not."""
+        offsets: dict[bool, list[float]] = {True: [], False: []}
+        for run in runs:
+            attempt = attempts.get(run.get("attempt") or "")
+            if attempt is not None and "clock" in run:
+                offsets[attempt.skewed].append((run["clock"] - attempt.sent_at) * 1000)
+        return {"skewed": percentile(sorted(offsets[True]), 50), "others": percentile(sorted(offsets[False]), 50)}
 
     def _report(self, client: Any) -> dict[str, Any]:
         s = self.settings
@@ -445,6 +474,7 @@ class Soak:
             "latency_ms": {"all": latencies(keys), "untouched": latencies(keys - touched),
                            "touched": latencies(keys & touched)},
             "wall_s": round(self.ended - self.started, 1),
+            "clock_offset_ms": self._clock_offsets(runs, attempts),
         }
         failed = [name for name in ("doubles", "divergent", "lost", "stuck") if figures[name]]
         return {
@@ -486,7 +516,8 @@ class Worker(threading.Thread):
     def send(self, copy: Copy) -> None:
         s, soak = self.soak.settings, self.soak
         copy.attempts += 1
-        attempt = Attempt(f"{copy.key}.{copy.index}.{copy.attempts}", copy.key, time.monotonic())
+        attempt = Attempt(f"{copy.key}.{copy.index}.{copy.attempts}", copy.key, time.monotonic(),
+                          skewed=getattr(self.env, "skewed", False), sent_at=time.time())
         if self.rng.random() < s.kill_rate:
             self.kills_owed += 1
         kill_after = None
@@ -662,6 +693,9 @@ def report_lines(report: Mapping[str, Any]) -> list[str]:
         f"  first attempt to first success, ms: keys no kill touched {latency('untouched')}",
         f"                                      keys a kill touched   {latency('touched')}",
         f"  wall time {f['wall_s']:.1f} s",
+        *([f"  clock: every second environment {s['skew_s']:+.3f} s (libfaketime); handlers saw the time "
+           f"{f['clock_offset_ms']['skewed']} ms ahead of the send there, {f['clock_offset_ms']['others']} ms "
+           "elsewhere (medians)"] if s["skew_s"] else []),
     ]
 
 
@@ -691,6 +725,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--work-ms", type=int, default=d.work_ms,
                    help="the handler's work after its side effect (default: %(default)s)")
     p.add_argument("--python", default=None, help="the runtime's Python version (default: 3.12 when found)")
+    p.add_argument("--skew", type=float, default=d.skew_s,
+                   help="seconds every second environment's clock runs ahead, by libfaketime (default: %(default)s)")
     p.add_argument("--compare-persistence", action="store_true",
                    help="run twice, with and without the completion write's retries, at a high fault rate")
     p.add_argument("--json", type=Path, default=None,
@@ -725,7 +761,7 @@ def main(argv: list[str] | None = None) -> int:
     fault_rate = args.fault_rate if args.fault_rate is not None else (0.3 if args.compare_persistence else 0.05)
     base = Settings(invocations=args.invocations, duplicates=args.duplicates, fault_rate=fault_rate,
                     kill_rate=args.kill_rate, environments=args.environments, seed=args.seed, timeout=args.timeout,
-                    attempts=args.attempts, work_ms=args.work_ms, python=args.python,
+                    attempts=args.attempts, work_ms=args.work_ms, python=args.python, skew_s=args.skew,
                     faults=tuple(kind.strip() for kind in args.faults.split(",") if kind.strip()))
     try:
         base.check()

@@ -1,7 +1,7 @@
 """The fault-injection soak's function: plain Lambda code that knows nothing of the layer.
 
 Every execution first appends one line to $CHAOS_RUNS_FILE naming the event's key, a fresh run id and the
-delivery attempt that brought it, so the soak counts executions from this side effect alone, and can tell
+delivery attempt that brought it and its clock, so the soak counts executions from this side effect alone, and can tell
 the runs of an environment it killed from the others. Then it works for `work_ms` (the window in which a
 kill lands after the side effect) and returns the key and the run id: a replay must return the same run.
 """
@@ -17,7 +17,8 @@ from typing import Any
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, str]:
     run = uuid.uuid4().hex
-    line = json.dumps({"key": event["key"], "run": run, "attempt": event.get("attempt")}) + "\n"
+    # The clock as this environment sees it: the soak checks a skewed environment's really is.
+    line = json.dumps({"key": event["key"], "run": run, "attempt": event.get("attempt"), "clock": time.time()}) + "\n"
     # One short write on an O_APPEND file: lines from concurrent environments never interleave.
     with open(os.environ["CHAOS_RUNS_FILE"], "a") as runs:
         runs.write(line)
