@@ -428,6 +428,10 @@ class World:
             # As the runtime computes it: Lambda's deadline minus this environment's clock.
             remaining_ms = int((invocation.deadline - (self.now + environment.skew)) * 1000)
             outcome = environment.cycle.run(KEY, self.handler(invocation), remaining_ms=remaining_ms)
+            if invocation.dead:
+                # The layer caught the death (a BaseException) on its completion path and went on; a dead
+                # environment answers nothing and is replaced.
+                raise _Died
             invocation.outcome = ("ok", outcome.value, outcome.replayed)
         except _Died:
             invocation.outcome = ("died",)
@@ -441,6 +445,9 @@ class World:
         except BaseException as error:  # any other escape is itself a finding
             invocation.outcome = ("raised", f"{type(error).__name__}: {error}")
         finally:
+            if invocation.dead:  # whatever the layer made of its death: Lambda replaces the environment
+                invocation.outcome = ("died",)
+                environment.cycle = None
             invocation.finished = True
             environment.busy = False
             self.back.release()

@@ -101,3 +101,26 @@ def test_memory_table_compares_numbers_as_numbers_and_missing_as_false() -> None
         db.apply("PutItem", {"Item": {"id": {"S": "k"}}, "ConditionExpression": "#n < :v OR #m < :v",
                              "ReturnValuesOnConditionCheckFailure": "ALL_OLD", **condition})
     assert failed.value.item == {"id": {"S": "k"}, "n": {"N": "11"}}
+
+
+def test_the_search_finds_a_replay_of_something_else(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("idempotency_layer.cycle.Cycle._decode", lambda self, key, result, results=None: "stale")
+    with pytest.raises(Violation, match="replayed 'stale'"):
+        explore(Bounds(invocations=2, faults=0, crashes=0, advances=0))
+
+
+def test_the_search_finds_an_answer_that_is_not_the_handlers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from idempotency_layer import codec
+
+    def wrong(self, value):
+        return "other", codec.encode(value)
+
+    monkeypatch.setattr("idempotency_layer.cycle.ValueResults.encode", wrong)
+    with pytest.raises(Violation, match="answered 'other'"):
+        explore(Bounds(invocations=2, faults=0, crashes=0, advances=0))
+
+
+def test_the_search_finds_a_claim_that_outlives_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("idempotency_layer.cycle.CLAIM_MARGIN_MS", 5_000)  # the model still expects 1 s
+    with pytest.raises(Violation, match="outlives its invocation's deadline"):
+        explore(Bounds(invocations=2, faults=0, crashes=1, advances=0))
