@@ -39,8 +39,6 @@ def test_memory_table_answers_as_dynamodb_local_does(transport, table_name, samp
         key = f"model-{next(_runs)}"
         for (operation, params, outcome), reply in zip(history.requests, history.replies, strict=True):
             request = _rekey(params, key, table_name)
-            request.pop("TableName", None)
-            request["TableName"] = table_name
             try:
                 answer = transport.call(operation, request)
                 got, got_reply = "ok", answer

@@ -221,8 +221,8 @@ class _EnvironmentTransport:
     """An environment's transport: every request is a step the scheduler decides, on behalf of the invocation
     the environment is running."""
 
-    def __init__(self, world: World, environment: Environment) -> None:
-        self.world, self.environment = world, environment
+    def __init__(self, world: World) -> None:
+        self.world = world
         self.current: Invocation | None = None
 
     def call(self, operation: str, params: dict) -> dict:
@@ -254,7 +254,6 @@ class Pending:
     operation: str = ""
     params: dict | None = None
     action: str | None = None
-    reply: Any = None
 
 
 @dataclass
@@ -284,7 +283,6 @@ class Invocation:
 @dataclass
 class Effect:
     invocation: int
-    value: str
     at: float
 
 
@@ -392,7 +390,7 @@ class World:
             if pending.action == "raise":
                 raise HandlerFailed
             value = f"result of invocation {invocation.index}"
-            self._effect(invocation, value)
+            self._effect(invocation)
             if pending.action == "die-after":
                 raise _Died
             invocation.ran = value
@@ -400,7 +398,7 @@ class World:
 
         return invoke
 
-    def _effect(self, invocation: Invocation, value: str) -> None:
+    def _effect(self, invocation: Invocation) -> None:
         for earlier in self.effects:
             before = self.invocations[earlier.invocation]
             completed = any(i == before.index for i, _ in self.completions)
@@ -410,7 +408,7 @@ class World:
                 self.fail(invocation, f"the handler ran twice: at +{self.now - T0:.3f}s after invocation "
                           f"{before.index} at +{earlier.at - T0:.3f}s, which "
                           + ("completed" if completed else "was still alive"))
-        self.effects.append(Effect(invocation.index, value, self.now))
+        self.effects.append(Effect(invocation.index, self.now))
 
     def body(self, invocation: Invocation) -> None:
         environment = invocation.environment
@@ -420,7 +418,7 @@ class World:
             invocation.started_at = self.now
             invocation.deadline = self.now + TIMEOUT_MS / 1000
             if environment.cycle is None:  # a fresh environment: its init builds the store and the cycle
-                gated = _EnvironmentTransport(self, environment)
+                gated = _EnvironmentTransport(self)
                 store = DynamoDBStore(gated, "idempotency", Attributes())
                 environment.cycle = Cycle(store, TTL_SECONDS, cache_size=8 if self.bounds.cache else 0,
                                           clock=lambda: self.now + environment.skew, sleep=lambda _: None)
