@@ -40,6 +40,10 @@ FIRST_POLL_S, LAST_POLL_S, WAIT_MARGIN_MS = 0.05, 1.0, 1000
 # A completion the table refused for a passing reason is retried from 100 ms, doubling to 2 s, with jitter,
 # while the invocation has more than this much time left to hand its result back in.
 FIRST_COMPLETE_RETRY_S, LAST_COMPLETE_RETRY_S, COMPLETE_MARGIN_MS = 0.1, 2.0, 1000
+# Every request after the handler ran (its timeouts and retries included) ends this long before the
+# invocation's deadline: an invocation timed out while completing is retried by its caller, and that copy
+# runs the handler again if the write had not landed. Returning the result takes the runtime milliseconds.
+RETURN_MARGIN_MS = 250
 
 logger = logging.getLogger("idempotency_layer")
 
@@ -153,7 +157,7 @@ class Cycle:
         is released, so a retry runs again).
         """
         results = results or self.results
-        deadline = time.monotonic() + (remaining_ms - COMPLETE_MARGIN_MS) / 1000  # for completion retries
+        deadline = time.monotonic() + remaining_ms / 1000  # the invocation's, for completion and release
         self.check()
         cached = self.cached(key, fingerprint)
         if cached is not None:
@@ -194,25 +198,44 @@ class Cycle:
         to call from several threads at once.
         """
         owner = os.urandom(16).hex()
-        record = self._claim(key, owner, remaining_ms, fingerprint)
+        try:
+            record = self._claim(key, owner, remaining_ms, fingerprint)
+        except IdempotencyPersistenceLayerError as error:
+            if not error.permanent:
+                self._withdraw(key, owner)
+            raise
         return owner if record is None else record
+
+    def _withdraw(self, key: str, owner: str) -> None:
+        # The claim's outcome is unknown (its reply lost, after the transport's retries): it may have landed,
+        # and would block the key until the deadline though the handler never ran. Deleting it under our own
+        # owner token is safe either way: it deletes nothing of anyone else's.
+        try:
+            if self.store.release(key, owner):
+                logger.warning("claiming key %r failed after the claim had landed; withdrew it", key)
+        except Exception:
+            logger.debug("withdrawing a claim on key %r that may have landed failed too", key)
 
     def complete(self, key: str, owner: str, result: codec.Encoded, fingerprint: str | None = None,
                  deadline: float | None = None) -> None:
         """Mark our claim on `key` completed with `result`. Never raises: the handler has run, and failing now
         would make the caller retry into a second run.
 
-        A failure a retry may cure (throttling, a 5xx, a lost connection: after the transport's own retries) is
-        retried with backoff until `deadline` (time.monotonic()): an uncompleted claim lets the next copy after
-        the invocation's deadline run the handler again. Retrying is safe: the write is conditioned on our
-        owner token, so a retry of a write that landed lands again."""
+        `deadline` is the invocation's (time.monotonic()): every attempt, the transport's own retries and
+        timeouts included, ends `RETURN_MARGIN_MS` before it. A failure a retry may cure (throttling, a 5xx, a
+        lost connection) is retried with backoff while `COMPLETE_MARGIN_MS` are left: an uncompleted claim lets
+        the next copy after the invocation's deadline run the handler again. Retrying is safe: the write is
+        conditioned on our owner token, so a retry of a write that landed lands again."""
         expires_at = int(self.clock()) + self.ttl_seconds
+        last = retry_by = None
+        if deadline is not None:
+            last, retry_by = deadline - RETURN_MARGIN_MS / 1000, deadline - COMPLETE_MARGIN_MS / 1000
         delay = FIRST_COMPLETE_RETRY_S
         attempt = 1
         while True:
             started = time.monotonic()
             try:
-                completed = self.store.complete(key, owner, result, expires_at)
+                completed = self.store.complete(key, owner, result, expires_at, last)
                 break
             except IdempotencyPersistenceLayerError as error:
                 pause = delay * (0.5 + random.random() / 2)
@@ -220,7 +243,7 @@ class Cycle:
                 # only if one as long as the last still ends before the deadline, so the result is handed back
                 # before Lambda's timeout.
                 spent = time.monotonic() - started
-                if error.permanent or deadline is None or time.monotonic() + pause + spent >= deadline:
+                if error.permanent or retry_by is None or time.monotonic() + pause + spent >= retry_by:
                     return self._completion_failed(key, error, attempt)
                 logger.warning("completing key %r failed (attempt %d), retrying in %.2f s: %s", key, attempt, pause,
                                error)
@@ -232,7 +255,7 @@ class Cycle:
                              type(error).__name__)
                 bare = result if result.data is None else codec.Encoded(codec.TOO_LARGE, None)
                 try:
-                    self.store.complete(key, owner, bare, expires_at)
+                    self.store.complete(key, owner, bare, expires_at, last)
                 except BaseException:
                     logger.error("completing key %r without its result failed too; it stays claimed until its "
                                  "deadline", key)
@@ -252,10 +275,12 @@ class Cycle:
             )
             logger.error("%s", self.refusal)
 
-    def release(self, key: str, owner: str) -> None:
-        """Delete our claim on `key`, so a retry runs the handler again. Never raises."""
+    def release(self, key: str, owner: str, deadline: float | None = None) -> None:
+        """Delete our claim on `key`, so a retry runs the handler again. Never raises. `deadline`: the
+        invocation's, as for `complete`, so the handler's own error reaches the caller before the timeout."""
+        last = None if deadline is None else deadline - RETURN_MARGIN_MS / 1000
         try:
-            if not self.store.release(key, owner):
+            if not self.store.release(key, owner, last):
                 logger.warning("claim on key %r was taken over before release; left it alone", key)
         except Exception:
             logger.error("releasing key %r failed; it stays claimed until its deadline", key, exc_info=True)
@@ -353,16 +378,16 @@ class Cycle:
         try:
             value = invoke()
         except BaseException:
-            self.release(key, owner)
+            self.release(key, owner, deadline)
             raise
         if keep is not None and not keep(value):
-            self.release(key, owner)  # e.g. an HTTP 5xx: the work did not complete, so a retry must run again
+            self.release(key, owner, deadline)  # e.g. an HTTP 5xx: the work did not complete, so a retry must run again
             return value
         # From here on the handler has run: every failure of ours ends in a completion, never a bare claim.
         try:
             delivered, result = (results or self.results).encode(value)
         except Undeliverable:
-            self.release(key, owner)  # the runtime reports its own error for it, as it would without us
+            self.release(key, owner, deadline)  # the runtime reports its own error for it, as it would without us
             return value
         except BaseException as error:  # our own failure (a bug, MemoryError, RecursionError): do not rerun
             logger.error("result of key %r cannot be stored (%s); replays will raise", key, type(error).__name__)

@@ -51,10 +51,12 @@ class Store(Protocol):
               fingerprint: str | None = None) -> Record | None:
         """Write an in-progress record unless a live one exists. None: we hold the claim; else the live record."""
 
-    def complete(self, key: str, owner: str, result: codec.Encoded, expires_at: int) -> bool:
-        """Mark our claim completed with its result. False: the claim is no longer ours."""
+    def complete(self, key: str, owner: str, result: codec.Encoded, expires_at: int,
+                 deadline: float | None = None) -> bool:
+        """Mark our claim completed with its result. False: the claim is no longer ours. `deadline`
+        (`time.monotonic()`): give up by then, with `IdempotencyPersistenceLayerError`."""
 
-    def release(self, key: str, owner: str) -> bool:
+    def release(self, key: str, owner: str, deadline: float | None = None) -> bool:
         """Delete our claim. False: the claim is no longer ours, and nothing was deleted."""
 
     def get(self, key: str) -> Record | None: ...
@@ -127,10 +129,10 @@ class DynamoDBStore:
         assert self.partition_value is not None
         return {self.attr.key: {"S": self.partition_value}, self.attr.sort_key: {"S": key}}
 
-    def _call(self, operation: str, key: str, params: dict[str, Any]) -> dict[str, Any]:
+    def _call(self, operation: str, key: str, params: dict[str, Any], deadline: float | None = None) -> dict[str, Any]:
         params["TableName"] = self.table
         try:
-            return self.transport.call(operation, params)
+            return self.transport.call(operation, params, deadline)
         except DynamoDBError as error:
             if error.code == _CHECK_FAILED:
                 raise
@@ -217,7 +219,8 @@ class DynamoDBStore:
             return record
         return None
 
-    def complete(self, key: str, owner: str, result: codec.Encoded, expires_at: int) -> bool:
+    def complete(self, key: str, owner: str, result: codec.Encoded, expires_at: int,
+                 deadline: float | None = None) -> bool:
         a = self.attr
         names = {"#s": a.status, "#e": a.expires_at, "#o": a.owner, "#f": a.result_format, "#r": a.result}
         values: dict[str, Any] = {
@@ -243,7 +246,7 @@ class DynamoDBStore:
             "ExpressionAttributeValues": values,
         }
         try:
-            self._call("UpdateItem", key, params)
+            self._call("UpdateItem", key, params, deadline)
         except DynamoDBError:
             return False
         except IdempotencyPersistenceLayerError as error:
@@ -254,10 +257,10 @@ class DynamoDBStore:
             if result.data is None or not too_big:
                 raise
             # Our size estimate was off; completing without the result still keeps the handler from rerunning.
-            return self.complete(key, owner, codec.Encoded(codec.TOO_LARGE, None), expires_at)
+            return self.complete(key, owner, codec.Encoded(codec.TOO_LARGE, None), expires_at, deadline)
         return True
 
-    def release(self, key: str, owner: str) -> bool:
+    def release(self, key: str, owner: str, deadline: float | None = None) -> bool:
         params = {
             "Key": self._item_key(key),
             "ConditionExpression": "#o = :me",
@@ -265,7 +268,7 @@ class DynamoDBStore:
             "ExpressionAttributeValues": {":me": {"S": owner}},
         }
         try:
-            self._call("DeleteItem", key, params)
+            self._call("DeleteItem", key, params, deadline)
         except DynamoDBError:
             return False
         return True

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import os
 import socket
+import threading
 import time
 import zlib
 from hashlib import sha256
@@ -70,7 +71,49 @@ class DynamoDBError(Exception):
 
 
 class Transport(Protocol):
-    def call(self, operation: str, params: dict) -> dict: ...
+    def call(self, operation: str, params: dict, deadline: float | None = None) -> dict:
+        """One request, the transport's retries included. With `deadline` (a `time.monotonic()` value) the call
+        gives up by then: no attempt or backoff runs past it, and the last attempt's timeouts are cut to it."""
+
+
+DEADLINE = "InvocationDeadline"  # the code of a call that ran out of the time it was given
+# A call whose deadline has passed before it starts still gets one attempt this short: the write it makes
+# (a completion, a release) usually takes milliseconds, and not making it leaves the key claimed for sure.
+LAST_CHANCE_S = 0.2
+
+
+def _time_left(deadline: float, attempt: int = 1) -> float | None:
+    """Seconds the attempt may take, or None: no time for it."""
+    left = deadline - time.monotonic()
+    if left > 0:
+        return left
+    return LAST_CHANCE_S if attempt == 1 else None
+
+
+def _within(deadline: float, operation: str, call: Any) -> dict:
+    """`call()` on a thread of its own, waited for until `deadline`: for clients whose per-request timeouts
+    cannot be changed (botocore's own HTTP session, a boto3 client). A call still running then is left to
+    finish on its own; the writes the cycle bounds this way are conditioned on the owner token, so landing
+    late is harmless."""
+    left = _time_left(deadline)
+    assert left is not None
+    outcome: list[Any] = []
+
+    def target() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as error:  # handed to the waiting caller, raised there
+            outcome.append((False, error))
+
+    worker = threading.Thread(target=target, name=f"idempotency-{operation}", daemon=True)
+    worker.start()
+    worker.join(left)
+    if not outcome:
+        raise DynamoDBError(operation, DEADLINE, f"no answer within the {left:.2f} s the invocation had left")
+    done, value = outcome[0]
+    if not done:
+        raise value
+    return value
 
 
 def make_transport(kind: str, *, connect_timeout: float, read_timeout: float, max_attempts: int) -> Transport:
@@ -301,6 +344,7 @@ class _PoolHTTP:
 
         self._endpoint = endpoint
         self._path = urlsplit(endpoint).path or "/"
+        self._timeout = timeout
         options: dict[str, Any] = {
             "timeout": urllib3.Timeout(connect=timeout[0], read=timeout[1]),
             "maxsize": _MAX_POOL_CONNECTIONS,
@@ -313,11 +357,16 @@ class _PoolHTTP:
             options["ca_certs"] = get_cert_path(verify) if verify else None
         self._pool = urllib3.connection_from_url(endpoint, **options)
 
-    def send(self, request: AWSRequest, body: bytes) -> _Response:
+    bounded = True  # send() takes `left`: its timeouts are cut to the time left
+
+    def send(self, request: AWSRequest, body: bytes, left: float | None = None) -> _Response:
         errors = urllib3.exceptions
+        extra: dict[str, Any] = {}
+        if left is not None:
+            extra["timeout"] = urllib3.Timeout(connect=min(self._timeout[0], left), read=min(self._timeout[1], left))
         try:
             raw = self._pool.urlopen(
-                "POST", self._path, body=body, headers=dict(request.headers.items()), decode_content=False
+                "POST", self._path, body=body, headers=dict(request.headers.items()), decode_content=False, **extra
             )
             return _Response(raw.status, raw.headers, raw.data)
         # The mapping of botocore.httpsession.URLLib3Session.send, in its order (NewConnectionError is a
@@ -352,7 +401,9 @@ class _SessionHTTP:
             socket_options=socket_options,
         )
 
-    def send(self, request: AWSRequest, body: bytes) -> Any:
+    bounded = False  # botocore's session keeps its timeouts: a bounded call waits for it on a thread
+
+    def send(self, request: AWSRequest, body: bytes, left: float | None = None) -> Any:
         return self._session.send(request.prepare())
 
 
@@ -416,7 +467,12 @@ class LeanTransport:
         else:
             self._http = _PoolHTTP(endpoint, timeout, verify, socket_options)
 
-    def call(self, operation: str, params: dict) -> dict:
+    def call(self, operation: str, params: dict, deadline: float | None = None) -> dict:
+        if deadline is not None and not self._http.bounded:
+            return _within(deadline, operation, lambda: self._call(operation, params, deadline))
+        return self._call(operation, params, deadline)
+
+    def _call(self, operation: str, params: dict, deadline: float | None) -> dict:
         body = encode_body(params)
         retry = self.retry
         request_context: dict = {}
@@ -425,8 +481,13 @@ class LeanTransport:
             response = None
             parsed = None
             caught: Exception | None = None
+            left = None
+            if deadline is not None:
+                left = _time_left(deadline, attempt)
+                if left is None:  # the backoff overslept the deadline
+                    raise DynamoDBError(operation, DEADLINE, "the invocation has no time left for this request")
             try:
-                response = self._send(operation, body)
+                response = self._send(operation, body, left)
             except BotoCoreError as error:
                 caught = error
                 failure = DynamoDBError(operation, type(error).__name__, str(error))
@@ -462,12 +523,12 @@ class LeanTransport:
                 caught_exception=caught,
             )
             delay = retry.delay(context)
-            if delay is None:
+            if delay is None or (deadline is not None and time.monotonic() + delay >= deadline):
                 raise failure from caught
             retry.wait(delay)
             attempt += 1
 
-    def _send(self, operation: str, body: bytes) -> Any:
+    def _send(self, operation: str, body: bytes, left: float | None = None) -> Any:
         headers = self._headers.get(operation)
         if headers is None:
             headers = self._headers[operation] = {"X-Amz-Target": _TARGET_PREFIX + operation, **self._header_base}
@@ -476,7 +537,7 @@ class LeanTransport:
         # Signed per attempt: a fresh X-Amz-Date, and credentials refreshed when they near expiry.
         frozen = None if credentials is None else credentials.get_frozen_credentials()
         _SigV4Auth(frozen, _SERVICE, self.region).add_auth(request)
-        return self._http.send(request, body)
+        return self._http.send(request, body, left)
 
 
 # -- boto3 ---------------------------------------------------------------------------------------------------
@@ -506,7 +567,12 @@ class Boto3Transport:
             self.client = boto3.client(_SERVICE, region_name=os.environ["AWS_REGION"], config=config)
         self._methods: dict[str, Any] = {}
 
-    def call(self, operation: str, params: dict) -> dict:
+    def call(self, operation: str, params: dict, deadline: float | None = None) -> dict:
+        if deadline is not None:  # a client's timeouts are fixed: wait for it on a thread, until the deadline
+            return _within(deadline, operation, lambda: self._call(operation, params))
+        return self._call(operation, params)
+
+    def _call(self, operation: str, params: dict) -> dict:
         method = self._methods.get(operation)
         if method is None:
             from botocore import xform_name

@@ -9,8 +9,10 @@ import os
 import shutil
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 
@@ -24,6 +26,7 @@ from tests.e2e.conftest import (
     scan_count,
 )
 from tests.support.dynamodb_local import DynamoDBLocal, create_table, wait_for
+from tests.support.fault_proxy import LATENCY, FaultProxy
 from tests.support.rie import Invocation, LambdaEnvironment
 
 IN_PROGRESS = "IdempotencyAlreadyInProgressError"
@@ -125,6 +128,30 @@ def test_timed_out_claim_is_taken_after_its_deadline(primary: str, make_env: Any
     assert executions.count(event["marker"]) == 2
     assert first.invoke(event).body == won.body  # the environment that timed out now replays it
     assert executions.count(event["marker"]) == 2
+
+
+def test_a_held_completion_still_answers_before_the_functions_timeout(primary: str, make_env: Any, ddb_client: Any,
+                                                                       dynamodb: Any, executions: Executions) -> None:
+    # DynamoDB holds the completion write 6 s, past the function's 3 s timeout, and the client would wait 10 s
+    # for it: the invocation still answers with the handler's result in time. Timed out instead, it would be
+    # retried by its caller, and that copy would run the handler again if the write had not landed.
+    table = create_table(ddb_client, f"idempotency-held-{uuid.uuid4().hex[:8]}")
+    upstream = urlparse(dynamodb.endpoint)
+    try:
+        with FaultProxy(upstream.hostname, upstream.port, {LATENCY: 1.0}, spike=(6.0, 6.0),
+                        operations={"UpdateItem"}) as proxy:
+            env = make_env(primary, table, {"AWS_ENDPOINT_URL_DYNAMODB": proxy.endpoint,
+                                            "IDEMPOTENCY_READ_TIMEOUT": "10"}, timeout=3)
+            event = {"marker": marker(), "action": "random"}
+            answer = env.invoke(event)
+            assert b"timed out" not in answer.body.lower() and answer.error_type is None, answer.body
+            assert set(answer.json()) == {"id", "at", "pid"}
+            assert executions.count(event["marker"]) == 1
+            assert proxy.operations()["UpdateItem"] == {LATENCY: 1}  # one attempt, cut short
+            assert "completing key" in env.logs()  # the failure is logged, not hidden
+            env.stop()
+    finally:
+        ddb_client.delete_table(TableName=table)
 
 
 def test_expired_record_runs_again(primary: str, environments: Environments, shared_table: str,

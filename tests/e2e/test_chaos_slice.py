@@ -1,6 +1,7 @@
 """A slice of the fault-injection soak (`./build.sh chaos`, tests/support/chaos.py) in every test run: a few
-hundred invocations with duplicates, every kind of store fault, environments SIGKILLed mid-invocation and
-half the environments' clocks ahead, and not one key run twice, answered two ways, lost or left stuck."""
+hundred invocations with duplicates, every kind of store fault, environments SIGKILLed mid-invocation, keys
+whose first execution overruns the timeout, and half the environments' clocks ahead; and not one key run
+twice, re-run too early, answered two ways, lost or left stuck."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from tests.support.fault_proxy import KINDS
 
 # Every second environment's clock 0.5 s ahead: inside the claim's 1 s margin (README, Clocks).
 SLICE = Settings(invocations=300, duplicates=0.3, fault_rate=0.12, kill_rate=0.05, environments=4, seed=10, timeout=4,
-                 skew_s=0.5)
+                 skew_s=0.5, overrun=0.03)
 
 
 def test_a_soak_slice_with_faults_and_kills_runs_every_key_once(dynamodb: Any, opt_dir: Path, primary: str,
@@ -25,11 +26,13 @@ def test_a_soak_slice_with_faults_and_kills_runs_every_key_once(dynamodb: Any, o
     # The faults and the kills really happened: counted by the proxy and by the killer.
     assert all(figures["faults"][kind] >= 1 for kind in KINDS), figures["faults"]
     assert figures["kills"] >= 1
+    # Keys overran the timeout, and their waiting duplicates took the claims over at their end.
+    assert figures["overrun_keys"] >= 3 and figures["timeouts_after_side_effect"] >= 3  # a kill may come first
     # The skew really applied: the handlers in skewed environments saw the time about 0.5 s ahead.
     offsets = figures["clock_offset_ms"]
     assert 400 < offsets["skewed"] - offsets["others"] < 700, offsets
     assert figures["duplicates"] == 90 and figures["answers"]["ok"] == 300
     assert not [name for name in figures["answers"] if name.startswith("unexpected")], figures["answers"]
-    zeros = {name: figures[name] for name in ("doubles", "divergent", "lost", "stuck")}
-    assert zeros == {"doubles": 0, "divergent": 0, "lost": 0, "stuck": 0}, report["examples"]
+    zeros = {name: figures[name] for name in ("doubles", "early", "divergent", "lost", "stuck")}
+    assert zeros == {"doubles": 0, "early": 0, "divergent": 0, "lost": 0, "stuck": 0}, report["examples"]
     assert figures["completed_records"] == figures["keys"]

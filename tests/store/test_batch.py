@@ -362,16 +362,16 @@ class Gate:
         self.in_flight = self.most = 0
         self.cond = threading.Condition()
 
-    def call(self, operation, params):
+    def call(self, operation, params, deadline=None):
         if operation != "PutItem":
-            return self.transport.call(operation, params)
+            return self.transport.call(operation, params, deadline)
         with self.cond:
             self.in_flight += 1
             self.most = max(self.most, self.in_flight)
             self.cond.notify_all()
             self.cond.wait_for(lambda: self.most >= self.width, timeout=10)
         try:
-            return self.transport.call(operation, params)
+            return self.transport.call(operation, params, deadline)
         finally:
             with self.cond:
                 self.in_flight -= 1
@@ -398,10 +398,10 @@ class FailKey:
     def __init__(self, transport, key: str, code: str = "ProvisionedThroughputExceededException") -> None:
         self.transport, self.key, self.code = transport, key, code
 
-    def call(self, operation, params):
+    def call(self, operation, params, deadline=None):
         if operation == "PutItem" and params["Item"]["id"]["S"] == self.key:
             raise DynamoDBError(operation, self.code, "throttled", None, 400)
-        return self.transport.call(operation, params)
+        return self.transport.call(operation, params, deadline)
 
 
 def test_a_store_failure_while_claiming_fails_the_whole_batch_and_releases_the_claims(transport, table_name):

@@ -189,10 +189,10 @@ class Faulty:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
 
-    def complete(self, key, owner, result, expires_at):
+    def complete(self, key, owner, result, expires_at, deadline=None):
         if self.step == "complete" and result.format != codec.TOO_LARGE:
             raise self.error
-        return self.store.complete(key, owner, result, expires_at)
+        return self.store.complete(key, owner, result, expires_at, deadline)
 
     def encode(self, value):
         if self.step == "encode":
@@ -259,13 +259,13 @@ class Flaky:
     def __init__(self, transport: Any, n: int) -> None:
         self.transport, self.n = transport, n
 
-    def call(self, operation, params):
+    def call(self, operation, params, deadline=None):
         if self.n > 0:
             self.n -= 1
             from idempotency_layer.transport import DynamoDBError
 
             raise DynamoDBError(operation, "EndpointConnectionError", "unreachable", None)
-        return self.transport.call(operation, params)
+        return self.transport.call(operation, params, deadline)
 
 
 def test_a_table_unreachable_at_init_is_checked_before_the_first_claim(transport, table_name):
@@ -364,13 +364,13 @@ def test_a_transient_completion_failure_does_not_stop_the_environment(store, tra
         def __init__(self) -> None:
             self.failed = False
 
-        def call(self, operation, params):
+        def call(self, operation, params, deadline=None):
             if operation == "UpdateItem" and not self.failed:
                 self.failed = True
                 from idempotency_layer.transport import DynamoDBError
 
                 raise DynamoDBError(operation, "ProvisionedThroughputExceededException", "throttled", None)
-            return transport.call(operation, params)
+            return transport.call(operation, params, deadline)
 
     cycle = Cycle(DynamoDBStore(FailOnce(), table_name, Attributes()), ttl_seconds=3600)
     runs: list[int] = []

@@ -99,6 +99,24 @@ def test_kept_alive_connections_carry_many_requests_and_faults_follow_the_seeded
     assert seen["connections"] == 1 and seen["upstream_error"] == 0  # an error answer keeps the connection
 
 
+def test_faults_can_be_confined_to_some_operations(dynamodb: object, layer_env: object, table: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    upstream = urlparse(dynamodb.endpoint)  # type: ignore[attr-defined]
+    with FaultProxy(upstream.hostname or "127.0.0.1", upstream.port or 0, {THROTTLE: 1.0},
+                    operations={"UpdateItem"}) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", proxy.endpoint)
+        transport = make_transport("lean", connect_timeout=2, read_timeout=5, max_attempts=1)
+        key = {"id": {"S": f"only-{uuid.uuid4().hex}"}}
+        transport.call("PutItem", {"TableName": table, "Item": key})
+        with pytest.raises(DynamoDBError) as caught:
+            transport.call("UpdateItem", {"TableName": table, "Key": key, "UpdateExpression": "SET v = :v",
+                                          "ExpressionAttributeValues": {":v": {"S": "x"}}})
+        assert caught.value.code == "ThrottlingException"
+        assert transport.call("GetItem", {"TableName": table, "Key": key})["Item"] == key
+        assert proxy.operations() == {"PutItem": {FORWARDED: 1}, "UpdateItem": {THROTTLE: 1},
+                                      "GetItem": {FORWARDED: 1}}
+
+
 def test_a_request_split_across_many_writes_is_read_whole(fault_proxy: FaultProxy,
                                                             table: str) -> None:
     body = b'{"TableName":"%s","Key":{"id":{"S":"nothing"}}}' % table.encode()

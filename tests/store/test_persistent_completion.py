@@ -7,14 +7,19 @@ from __future__ import annotations
 import json
 import time
 from typing import Any
+from urllib.parse import urlparse
+
+import pytest
 
 from idempotency_layer.config import Attributes
 from idempotency_layer.cycle import Cycle
+from idempotency_layer.errors import IdempotencyPersistenceLayerError
 from idempotency_layer.keys import KeyDeriver
 from idempotency_layer.sources import batch
 from idempotency_layer.store import COMPLETED, INPROGRESS, DynamoDBStore
-from idempotency_layer.transport import DynamoDBError
+from idempotency_layer.transport import DynamoDBError, make_transport
 from tests.support import events
+from tests.support.fault_proxy import DROP_REPLY, LATENCY, FaultProxy
 
 KEY = "fn#order-7"
 LONG = 60_000
@@ -30,15 +35,15 @@ class FailCompletions:
         self.slow = slow  # seconds each failing attempt takes, as the transport's own retries would
         self.attempts = 0
 
-    def call(self, operation: str, params: dict[str, Any]) -> dict[str, Any]:
+    def call(self, operation: str, params: dict[str, Any], deadline: float | None = None) -> dict[str, Any]:
         if operation == "UpdateItem":
             self.attempts += 1
             if self.attempts <= self.times:
                 time.sleep(self.slow)
                 if self.land_first:
-                    self.transport.call(operation, params)
+                    self.transport.call(operation, params, deadline)
                 raise DynamoDBError(operation, self.code, "refused by the test", None, 400)
-        return self.transport.call(operation, params)
+        return self.transport.call(operation, params, deadline)
 
 
 def cycle_on(transport: Any, table_name: str, **options: Any) -> tuple[Cycle, DynamoDBStore]:
@@ -110,3 +115,39 @@ def test_batch_records_completions_persist_too(transport, table_name):
     again = events.sqs_event(messages)
     runner.run(batch.parse(again, False), again, None, LONG)
     assert runs == ["a", "b"]
+
+
+@pytest.mark.parametrize("kind", ["lean", "boto3"])
+def test_a_held_completion_is_given_up_before_the_invocations_deadline(kind, dynamodb, layer_env, table_name,
+                                                                        monkeypatch):
+    # DynamoDB holds the completion write 4 s; the client would wait 5 s for it, 3 times. An invocation
+    # timed out while completing is retried by its caller, and runs again if the write had not landed.
+    upstream = urlparse(dynamodb.endpoint)
+    with FaultProxy(upstream.hostname, upstream.port, {LATENCY: 1.0}, spike=(4.0, 4.0),
+                    operations={"UpdateItem"}) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", proxy.endpoint)
+        cycle, _ = cycle_on(make_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=3), table_name)
+        runs: list[int] = []
+        started = time.monotonic()
+        outcome = cycle.run(KEY, lambda: runs.append(1) or "placed", 2_000)
+        elapsed = time.monotonic() - started
+        assert outcome == ("placed", False) and runs == [1]
+        assert elapsed < 2.0, f"returned {elapsed:.2f} s after a start with 2 s left"  # unbounded: 4 s or more
+        assert proxy.operations()["UpdateItem"] == {LATENCY: 1}  # one attempt, cut short; no retry fits
+
+
+@pytest.mark.parametrize("kind", ["lean", "boto3"])
+def test_a_claim_whose_reply_was_lost_is_withdrawn(kind, dynamodb, layer_env, table_name, monkeypatch):
+    # With one attempt, a claim that landed but whose reply was lost fails the invocation; left there, it would
+    # refuse every retry until the deadline though the handler never ran.
+    upstream = urlparse(dynamodb.endpoint)
+    with FaultProxy(upstream.hostname, upstream.port, {DROP_REPLY: 1.0}, operations={"PutItem"}) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", proxy.endpoint)
+        cycle, store = cycle_on(make_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=1), table_name)
+        runs: list[int] = []
+        with pytest.raises(IdempotencyPersistenceLayerError):
+            cycle.run(KEY, lambda: runs.append(1) or "placed", LONG)
+        assert runs == [] and proxy.operations()["PutItem"] == {DROP_REPLY: 1}  # it landed, unheard
+        assert proxy.operations()["DeleteItem"] == {"forwarded": 1} and store.get(KEY) is None
+        proxy.set_rates({})
+        assert cycle.run(KEY, lambda: runs.append(1) or "placed", LONG) == ("placed", False) and runs == [1]

@@ -14,7 +14,14 @@ attempt) and from what callers were answered, never from the layer's logs:
   or by the emulator at the function's timeout);
 - divergent: keys whose successful answers differ, or name a run that never happened for that key;
 - lost: copies that never succeeded within the attempt budget;
-- stuck: records still INPROGRESS at the end, with every invocation over and every claim's deadline passed.
+- stuck: records still INPROGRESS at the end, with every invocation over and every claim's deadline passed;
+- early: re-runs that started while an earlier killed or timed-out run may still have been running (before
+  its invocation's deadline), or before its claim could have ended (the deadline plus the claim margin, less
+  the re-running environment's skew): two executions at once, or a claim taken over too soon, though every
+  run but one was excused.
+
+A share of the keys (`overrun`) run past the function's timeout on their first execution, so their copies
+take the claim over at its very end, where clock skew matters.
 
 `--compare-persistence` runs the soak twice at a high fault rate: with the built layer, and with a copy of it
 whose completion write is not retried (COMPLETE_MARGIN_MS made huge, so its first failure gives up).
@@ -48,6 +55,8 @@ from typing import Any
 
 import boto3
 
+from idempotency_layer.cycle import CLAIM_MARGIN_MS
+
 from . import downloads
 from .dynamodb_local import DynamoDBLocal, create_table, wait_for
 from .fault_proxy import KINDS, FaultProxy, even_mix
@@ -65,6 +74,9 @@ TIMED_OUT = b"Task timed out after"  # the emulator's answer when it killed the 
 FIRST_RESEND_S, LAST_RESEND_S = 0.1, 2.0  # callers' backoff between resends of one copy, with jitter
 NO_PERSISTENCE_MARGIN_MS = 10**9  # COMPLETE_MARGIN_MS in the patched copy: no completion retry ever fits
 PROGRESS_EVERY_S = 15.0
+# Slack for the early-rerun check: the handler reads its clock after its claim, and the soak's send time is
+# before the emulator sets the deadline, so both err on the lenient side already; this covers clock reads.
+EARLY_SLACK_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -87,10 +99,12 @@ class Settings:
     # Every second environment's clock runs this many seconds ahead (libfaketime in its runtime; the emulator,
     # which sets the deadline, keeps the true time, as Lambda's service does).
     skew_s: float = 0.0
+    # Fraction of keys whose first execution works past the function's timeout (the emulator stops it).
+    overrun: float = 0.01
     python: str | None = None  # the runtime's Python version; default 3.12 when found
 
     def check(self) -> None:
-        for name in ("duplicates", "fault_rate", "kill_rate"):
+        for name in ("duplicates", "fault_rate", "kill_rate", "overrun"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} is a fraction between 0 and 1, not {getattr(self, name)}")
         if self.duplicates >= 1 or self.invocations < 1 or self.environments < 1 or self.attempts < 1:
@@ -138,6 +152,11 @@ def record_id(key: str) -> str:
     return f"{FUNCTION}#{hashlib.sha256(canonical).hexdigest()}"
 
 
+def overruns(settings: Settings, key: str) -> bool:
+    """Whether `key`'s first execution works past the function's timeout."""
+    return random.Random(f"{settings.seed}:overrun:{key}").random() < settings.overrun
+
+
 def plan(settings: Settings) -> list[Copy]:
     """The copies in delivery order: each key's first copy in turn, duplicates near it (half of them within
     as many slots as there are environments, so they run at the same time) or some way after it."""
@@ -146,10 +165,15 @@ def plan(settings: Settings) -> list[Copy]:
     keys = settings.invocations - duplicates
     slots = [(float(i), Copy(f"k{i:06d}", 0)) for i in range(keys)]
     seen = Counter[int]()
-    for _ in range(duplicates):
+    e = settings.environments
+    # A key that overruns gets a duplicate at once, which waits on its claim and takes it over at the end.
+    overrunning = [i for i in range(keys) if overruns(settings, f"k{i:06d}")][:duplicates]
+    for i in overrunning:
+        seen[i] += 1
+        slots.append((i + rng.uniform(0, e), Copy(f"k{i:06d}", seen[i])))
+    for _ in range(duplicates - len(overrunning)):
         i = rng.randrange(keys)
         seen[i] += 1
-        e = settings.environments
         offset = rng.uniform(0, e) if rng.random() < 0.5 else rng.uniform(e, 100 * e)
         slots.append((i + offset, Copy(f"k{i:06d}", seen[i])))
     slots.sort(key=lambda slot: slot[0])
@@ -334,8 +358,11 @@ class Soak:
     def event(self, copy: Copy, attempt: str) -> dict[str, Any]:
         # `attempt` differs per delivery, as a redelivered message's receipt handle does; it is neither key
         # nor payload, so every copy is the same operation with the same payload.
-        return {"key": copy.key, "payload": {"key": copy.key, "amount": int(copy.key[1:]) % 997},
-                "work_ms": self.settings.work_ms, "attempt": attempt}
+        event = {"key": copy.key, "payload": {"key": copy.key, "amount": int(copy.key[1:]) % 997},
+                 "work_ms": self.settings.work_ms, "attempt": attempt}
+        if overruns(self.settings, copy.key):
+            event["overrun"] = True
+        return event
 
     def record(self, attempt: Attempt) -> None:
         with self._lock:
@@ -398,11 +425,10 @@ class Soak:
         for run in runs:
             runs_of.setdefault(run["key"], []).append(run)
 
-        def excused(run: dict[str, Any]) -> bool:
-            attempt = attempts.get(run.get("attempt") or "")
-            return attempt is not None and (attempt.killed or attempt.outcome == "timeout")
+        doubles = sorted(key for key, found in runs_of.items()
+                         if sum(not _excused(r, attempts) for r in found) > 1)
 
-        doubles = sorted(key for key, found in runs_of.items() if sum(not excused(r) for r in found) > 1)
+        early = early_reruns(runs_of, attempts, timeout=s.timeout, skew_s=s.skew_s)
         reruns = sum(len(found) - 1 for found in runs_of.values() if len(found) > 1)
         killed_after_effect = sum(1 for run in runs if (a := attempts.get(run.get("attempt") or "")) and a.killed)
         timed_out_after_effect = sum(1 for run in runs
@@ -466,6 +492,8 @@ class Soak:
             "executions": len(runs),
             "re_executions": reruns,
             "doubles": len(doubles),
+            "early": len(early),
+            "overrun_keys": sum(overruns(s, key) for key in keys),
             "divergent": len(divergent),
             "lost": len(self.lost),
             "stuck": len(stuck),
@@ -476,17 +504,47 @@ class Soak:
             "wall_s": round(self.ended - self.started, 1),
             "clock_offset_ms": self._clock_offsets(runs, attempts),
         }
-        failed = [name for name in ("doubles", "divergent", "lost", "stuck") if figures[name]]
+        failed = [name for name in ("doubles", "early", "divergent", "lost", "stuck") if figures[name]]
         return {
             "settings": {**asdict(s), "faults": list(s.faults), "spike_ms": list(s.spike_ms)},
             "figures": figures,
             "faults_by_operation": self.proxy.operations(),
-            "examples": {"doubles": doubles[:20], "divergent": sorted(divergent)[:20],
+            "examples": {"doubles": doubles[:20], "early": early[:20], "divergent": sorted(divergent)[:20],
                          "lost": sorted({c.key for c in self.lost})[:20],
                          "stuck": sorted(named.get(i, i) for i in stuck)[:20]},
             "passed": not failed,
             "failed": failed,
         }
+
+
+def _excused(run: Mapping[str, Any], attempts: Mapping[str, Attempt]) -> bool:
+    """A run whose environment was killed, or timed out, before its answer: it may run again."""
+    attempt = attempts.get(run.get("attempt") or "")
+    return attempt is not None and (attempt.killed or attempt.outcome == "timeout")
+
+
+def early_reruns(runs_of: Mapping[str, list[dict[str, Any]]], attempts: Mapping[str, Attempt], *, timeout: float,
+                 skew_s: float, margin_s: float = CLAIM_MARGIN_MS / 1000) -> list[str]:
+    """Keys re-run before an earlier excused run was over (its deadline: the soak's send time plus the
+    function's timeout) or before its claim could have ended (the deadline plus the margin, which a copy whose
+    clock runs `skew_s` ahead sees that much early)."""
+
+    def skew(run: Mapping[str, Any]) -> float:
+        attempt = attempts.get(run.get("attempt") or "")
+        return skew_s if attempt is not None and attempt.skewed else 0.0
+
+    def started(run: Mapping[str, Any]) -> float:  # by the soak's clock: the handler's, less its skew
+        return run["clock"] - skew(run)
+
+    early = set()
+    for key, found in runs_of.items():
+        ordered = sorted(found, key=started)
+        for i, run in enumerate(ordered):
+            for before in ordered[:i]:
+                sent = attempts[before["attempt"]].sent_at if _excused(before, attempts) else None
+                if sent is not None and started(run) < sent + timeout + max(0.0, margin_s - skew(run)) - EARLY_SLACK_S:
+                    early.add(key)
+    return sorted(early)
 
 
 class Worker(threading.Thread):
@@ -689,7 +747,8 @@ def report_lines(report: Mapping[str, Any]) -> list[str]:
         f"{_n(f['timeouts'])} ({_n(f['timeouts_after_side_effect'])} after the side effect)",
         f"  executions: {_n(f['executions'])} ({_n(f['re_executions'])} beyond one per key: re-runs after a kill or "
         f"a timeout, and doubles); {_n(f['completed_records'])} records completed",
-        f"  doubles {f['doubles']}, divergent {f['divergent']}, lost {f['lost']}, stuck {f['stuck']}",
+        f"  doubles {f['doubles']}, early re-runs {f['early']}, divergent {f['divergent']}, lost {f['lost']}, "
+        f"stuck {f['stuck']} ({_n(f['overrun_keys'])} keys overran the timeout on their first execution)",
         f"  first attempt to first success, ms: keys no kill touched {latency('untouched')}",
         f"                                      keys a kill touched   {latency('touched')}",
         f"  wall time {f['wall_s']:.1f} s",
@@ -724,6 +783,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--attempts", type=int, default=d.attempts, help="attempt budget per copy (default: %(default)s)")
     p.add_argument("--work-ms", type=int, default=d.work_ms,
                    help="the handler's work after its side effect (default: %(default)s)")
+    p.add_argument("--overrun", type=float, default=d.overrun,
+                   help="fraction of keys whose first execution runs past the timeout (default: %(default)s)")
     p.add_argument("--python", default=None, help="the runtime's Python version (default: 3.12 when found)")
     p.add_argument("--skew", type=float, default=d.skew_s,
                    help="seconds every second environment's clock runs ahead, by libfaketime (default: %(default)s)")
@@ -761,7 +822,8 @@ def main(argv: list[str] | None = None) -> int:
     fault_rate = args.fault_rate if args.fault_rate is not None else (0.3 if args.compare_persistence else 0.05)
     base = Settings(invocations=args.invocations, duplicates=args.duplicates, fault_rate=fault_rate,
                     kill_rate=args.kill_rate, environments=args.environments, seed=args.seed, timeout=args.timeout,
-                    attempts=args.attempts, work_ms=args.work_ms, python=args.python, skew_s=args.skew,
+                    attempts=args.attempts, work_ms=args.work_ms, overrun=args.overrun, python=args.python,
+                    skew_s=args.skew,
                     faults=tuple(kind.strip() for kind in args.faults.split(",") if kind.strip()))
     try:
         base.check()
@@ -795,8 +857,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nwith and without persistence, {base.fault_rate:.0%} of store requests faulted:")
         for name, r in (("persistent completion", persistent), ("completion not retried", bare)):
             fig = r["figures"]
-            print(f"  {name:<23} doubles {fig['doubles']}, stuck {fig['stuck']}, divergent {fig['divergent']}, "
-                  f"lost {fig['lost']}")
+            print(f"  {name:<23} doubles {fig['doubles']}, early {fig['early']}, stuck {fig['stuck']}, "
+                  f"divergent {fig['divergent']}, lost {fig['lost']}")
         passed = persistent["passed"]
     else:
         document.update(reports[0])

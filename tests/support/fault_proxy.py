@@ -21,7 +21,7 @@ import time
 import uuid
 import zlib
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 THROTTLE = "throttle"
 PROVISIONED = "provisioned"
@@ -159,13 +159,16 @@ class FaultProxy:
     """Listens on a free loopback port; `endpoint` is what the layer is pointed at.
 
     `rates` maps each kind of fault (KINDS) to the fraction of requests that get it (their sum at most 1);
-    `spike` is the range of a latency spike, in seconds. `set_rates` changes them while running.
+    `spike` is the range of a latency spike, in seconds. `set_rates` changes them while running. `operations`,
+    when given, are the only ones faulted (e.g. {"UpdateItem"}: the completion write); the rest pass untouched.
     """
 
     def __init__(self, upstream_host: str, upstream_port: int, rates: Mapping[str, float] | None = None, *,
-                 seed: int = 0, spike: tuple[float, float] = (0.2, 1.0)) -> None:
+                 seed: int = 0, spike: tuple[float, float] = (0.2, 1.0),
+                 operations: Iterable[str] | None = None) -> None:
         self.upstream = (upstream_host, upstream_port)
         self.spike = spike
+        self.only = None if operations is None else frozenset(operations)
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._rates: list[tuple[str, float]] = []
@@ -236,7 +239,7 @@ class FaultProxy:
         with self._lock:
             roll = self._rng.random()
             kind = FORWARDED
-            for name, rate in self._rates:
+            for name, rate in self._rates if self.only is None or operation in self.only else ():
                 if roll < rate:
                     kind = name
                     break

@@ -225,7 +225,8 @@ class _EnvironmentTransport:
         self.world = world
         self.current: Invocation | None = None
 
-    def call(self, operation: str, params: dict) -> dict:
+    def call(self, operation: str, params: dict, deadline: float | None = None) -> dict:
+        # The model's requests take no time, so a deadline never cuts one short (tests/store covers that).
         return self.world.request(self.current, operation, params)
 
 
@@ -274,7 +275,8 @@ class Invocation:
     deadline: float | None = None  # true time after which Lambda stops it
     dead: bool = False
     finished: bool = False
-    owners: set[str] = field(default_factory=set)
+    owners: set[str] = field(default_factory=set)  # tokens whose claim landed
+    tokens: set[str] = field(default_factory=set)  # tokens it sent a claim with, landed or not
     claimed_at: dict[str, float] = field(default_factory=dict)  # owner token -> when that claim landed
     outcome: tuple = ()
     ran: str | None = None  # the value its handler returned
@@ -339,6 +341,8 @@ class World:
         return pending
 
     def request(self, invocation: Invocation, operation: str, params: dict) -> dict:
+        if operation == "PutItem":
+            invocation.tokens.add(params["Item"]["owner"]["S"])
         self._check_fenced(invocation, operation, params)
         pending = self.gate(invocation, Pending("request", operation, params))
         action = pending.action
@@ -381,7 +385,9 @@ class World:
             me = params.get("ExpressionAttributeValues", {}).get(":me", {}).get("S")
             if params.get("ConditionExpression") != "#o = :me" or params["ExpressionAttributeNames"]["#o"] != "owner":
                 self.fail(invocation, f"{operation} not conditioned on the owner")
-            if me not in invocation.owners:
+            # A completion must carry a claim that landed; a release may withdraw a claim whose outcome it never
+            # heard (its own token, so it deletes nothing of anyone else's).
+            if me not in (invocation.owners if operation == "UpdateItem" else invocation.tokens):
                 self.fail(invocation, f"{operation} fenced with a token it never claimed")
 
     def handler(self, invocation: Invocation) -> Callable[[], str]:

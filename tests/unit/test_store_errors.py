@@ -8,7 +8,7 @@ from idempotency_layer.store import DynamoDBStore
 
 
 class BrokenCredentials:
-    def call(self, operation, params):
+    def call(self, operation, params, deadline=None):
         raise RuntimeError("Credentials were refreshed, but the refreshed credentials are still expired.")
 
 

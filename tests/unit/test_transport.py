@@ -26,6 +26,7 @@ from botocore.session import Session
 
 from idempotency_layer import transport
 from idempotency_layer.transport import (
+    DEADLINE,
     Boto3Transport,
     DynamoDBError,
     LeanTransport,
@@ -679,3 +680,73 @@ def test_lean_signature_is_botocores_own(monkeypatch):
     auth.SigV4Auth(credentials, "dynamodb", "eu-west-1").add_auth(reference)
     assert ours.headers["Authorization"] == reference.headers["Authorization"]
     assert ours.headers["X-Amz-Date"] == reference.headers["X-Amz-Date"] == "20260102T030405Z"
+
+
+# -- a deadline cuts a call short ----------------------------------------------------------------------------
+# Each test's server answers well within the client's own timeouts, so only the deadline can stop the call.
+
+
+def soon(seconds: float = 0.3) -> float:
+    return time.monotonic() + seconds
+
+
+def test_a_deadline_cuts_the_read_timeout_of_the_lean_pool(scripted):
+    server = scripted(answer(body={"Item": {}}, delay=1.5))
+    t = lean(read_timeout=5, max_attempts=3, sleep=Sleeps())
+    with pytest.raises(DynamoDBError) as caught:
+        t.call("UpdateItem", {"TableName": "t"}, soon())
+    assert caught.value.code == "ReadTimeoutError"
+    assert server.count == 1  # no retry once the deadline passed
+    assert t.call("GetItem", {}) == {"Item": {}}  # without one, the same server is waited for
+
+
+@pytest.mark.parametrize("kind", ["lean", "boto3"])
+def test_a_deadline_already_passed_still_gets_one_short_attempt(scripted, kind):
+    # A completion that usually takes milliseconds is worth trying; one that is slow is not waited for.
+    quick = scripted(answer(body={"Item": {}}))
+    t = make_transport(kind, connect_timeout=1, read_timeout=5, max_attempts=3)
+    params = {"TableName": "t", "Key": {"id": {"S": "k"}}}
+    assert t.call("GetItem", params, time.monotonic() - 1)["Item"] == {} and quick.count == 1
+    slow = scripted(answer(body={"Item": {}}, delay=1.5))
+    t = make_transport(kind, connect_timeout=1, read_timeout=5, max_attempts=3)
+    with pytest.raises(DynamoDBError) as caught:
+        t.call("GetItem", params, time.monotonic() - 1)
+    assert caught.value.code == ("ReadTimeoutError" if kind == "lean" else DEADLINE) and slow.count == 1
+
+
+def test_no_backoff_runs_past_the_deadline(scripted, monkeypatch):
+    server = scripted(throttle())
+    sleeps = Sleeps()
+    t = lean(max_attempts=5, sleep=sleeps)
+    decide = t.retry.delay  # botocore's decision, with the backoff it might draw when throttled
+    monkeypatch.setattr(t.retry, "delay", lambda context: None if decide(context) is None else 2.0)
+    with pytest.raises(DynamoDBError) as caught:
+        t.call("UpdateItem", {}, soon(1.0))
+    assert caught.value.code == "ThrottlingException" and server.count == 1 and sleeps == []
+    with pytest.raises(DynamoDBError):
+        t.call("UpdateItem", {})  # without a deadline the same backoff is waited out
+    assert sleeps == [2.0] * 4 and server.count == 6
+
+
+def test_a_deadline_bounds_a_call_through_a_proxy(scripted, aws_env):
+    # botocore's HTTP session keeps its own timeouts: the call is waited for until the deadline.
+    proxy = scripted(answer(body={"Item": {}}, delay=1.5))
+    aws_env.setenv("HTTP_PROXY", proxy.endpoint)
+    aws_env.setenv("AWS_ENDPOINT_URL_DYNAMODB", "http://dynamodb.invalid:8000")
+    t = lean(read_timeout=5)
+    with pytest.raises(DynamoDBError) as caught:
+        t.call("UpdateItem", {}, soon())
+    assert caught.value.code == DEADLINE and "left" in caught.value.message
+    assert t.call("GetItem", {}) == {"Item": {}}
+
+
+@pytest.mark.parametrize("failing", [False, True], ids=["answer", "error"])
+def test_a_deadline_bounds_the_boto3_transport(scripted, failing):
+    server = scripted(server_error() if failing else answer(body={"Item": {}}, delay=1.5))
+    t = make_transport("boto3", connect_timeout=1, read_timeout=5, max_attempts=1)
+    with pytest.raises(DynamoDBError) as caught:
+        t.call("GetItem", {"TableName": "t", "Key": {"id": {"S": "k"}}}, soon(0.3 if not failing else 5.0))
+    # A call that ends in time hands back its own answer or error; one that does not, the deadline's.
+    assert caught.value.code == ("InternalServerError" if failing else DEADLINE) and server.count == 1
+    if not failing:
+        assert t.call("GetItem", {"TableName": "t", "Key": {"id": {"S": "k"}}})["Item"] == {}  # waited for

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from .. import codec
-from ..cycle import COMPLETE_MARGIN_MS, Cycle
+from ..cycle import Cycle
 from ..errors import IdempotencyAlreadyInProgressError, IdempotencyKeyError, IdempotencyPayloadMismatchError
 from ..keys import KeyDeriver, is_empty
 from ..store import Record
@@ -169,7 +169,7 @@ class Runner:
 
     def run(self, batch: Batch, event: dict[str, Any], context: Any, remaining_ms: int) -> Any:
         self.cycle.check()
-        deadline = time.monotonic() + (remaining_ms - COMPLETE_MARGIN_MS) / 1000  # for completion retries
+        deadline = time.monotonic() + remaining_ms / 1000  # the invocation's, for completion and release
         count = len(batch.records)
         keys: list[str | None] = [None] * count
         blocked: set[int] = set()  # records that cannot run now: the layer reports them as failures
@@ -247,7 +247,7 @@ class Runner:
                 failure = failure or claimed
         if failure is not None:
             # The table failed us (or the settings did) before any record ran: the whole batch comes back.
-            self._release(list(owners.items()))
+            self._release(list(owners.items()), deadline)
             raise failure
 
         # Walk the records in order: each is passed to the handler, dropped as done, or reported as failed.
@@ -269,7 +269,7 @@ class Runner:
                 copies.append(index)
         passed_keys = {keys[index] for index in passed} - {None}
         unused = [(key, owner) for key, owner in owners.items() if key not in passed_keys]
-        self._release(unused)  # FIFO: claims of records after the stop
+        self._release(unused, deadline)  # FIFO: claims of records after the stop
         owned = [(key, owners[key]) for key in passed_keys]  # type: ignore[index]
 
         value: Any = None
@@ -279,7 +279,7 @@ class Runner:
             try:
                 value = self.handler(call_event, context)
             except BaseException:
-                self._release(owned)
+                self._release(owned, deadline)
                 raise
             reported = handler_failures(value, batch.identifiers)
             if reported is _INVALID:
@@ -288,7 +288,7 @@ class Runner:
                     "{\"itemIdentifier\": <an identifier of a record of the batch>}), which fails the whole batch; "
                     "released every record it was given"
                 )
-                self._release(owned)
+                self._release(owned, deadline)
                 return value
             failed_keys = {keys[index] for index in passed if batch.identifiers[index] in reported}
             # Every record the handler named comes back, a record we had dropped as done included: its answer
@@ -297,7 +297,7 @@ class Runner:
             failed.extend(index for index in copies if keys[index] in failed_keys)
             self._complete([(key, owner) for key, owner in owned if key not in failed_keys],
                            {key: prints[index] for key, index in first.items()}, deadline)
-            self._release([(key, owner) for key, owner in owned if key in failed_keys])
+            self._release([(key, owner) for key, owner in owned if key in failed_keys], deadline)
         if not failed:
             return value if passed else {"batchItemFailures": []}
         # One entry per identifier: a message delivered twice in one batch is reported once.
@@ -326,5 +326,5 @@ class Runner:
             lambda claim: self.cycle.complete(claim[0], claim[1], done, prints.get(claim[0]), deadline), claims
         )
 
-    def _release(self, claims: list[tuple[str, str]]) -> None:
-        self._executor.map(lambda claim: self.cycle.release(*claim), claims)
+    def _release(self, claims: list[tuple[str, str]], deadline: float) -> None:
+        self._executor.map(lambda claim: self.cycle.release(*claim, deadline), claims)
