@@ -37,13 +37,14 @@ CLAIM_MARGIN_MS = 1000
 # Waiting for another invocation's outcome: polls from 50 ms, doubling to 1 s, with jitter; and stop waiting
 # while this much of the invocation is left, to claim, run or answer in.
 FIRST_POLL_S, LAST_POLL_S, WAIT_MARGIN_MS = 0.05, 1.0, 1000
-# A completion the table refused for a passing reason is retried from 100 ms, doubling to 2 s, with jitter,
-# while the invocation has more than this much time left to hand its result back in.
-FIRST_COMPLETE_RETRY_S, LAST_COMPLETE_RETRY_S, COMPLETE_MARGIN_MS = 0.1, 2.0, 1000
 # Every request after the handler ran (its timeouts and retries included) ends this long before the
 # invocation's deadline: an invocation timed out while completing is retried by its caller, and that copy
 # runs the handler again if the write had not landed. Returning the result takes the runtime milliseconds.
-RETURN_MARGIN_MS = 250
+RETURN_MARGIN_MS = 300
+# A completion the table refused for a passing reason is retried from 100 ms, doubling to 2 s, with jitter,
+# while a retry would start this long before the deadline (its attempt is cut at RETURN_MARGIN_MS): every
+# completion that lands is a handler that no later copy runs again.
+FIRST_COMPLETE_RETRY_S, LAST_COMPLETE_RETRY_S, COMPLETE_MARGIN_MS = 0.1, 2.0, RETURN_MARGIN_MS + 50
 
 logger = logging.getLogger("idempotency_layer")
 
@@ -198,20 +199,21 @@ class Cycle:
         to call from several threads at once.
         """
         owner = os.urandom(16).hex()
+        deadline = time.monotonic() + (remaining_ms - RETURN_MARGIN_MS) / 1000
         try:
             record = self._claim(key, owner, remaining_ms, fingerprint)
         except IdempotencyPersistenceLayerError as error:
-            if not error.permanent:
-                self._withdraw(key, owner)
+            if error.uncertain:
+                self._withdraw(key, owner, deadline)
             raise
         return owner if record is None else record
 
-    def _withdraw(self, key: str, owner: str) -> None:
-        # The claim's outcome is unknown (its reply lost, after the transport's retries): it may have landed,
-        # and would block the key until the deadline though the handler never ran. Deleting it under our own
-        # owner token is safe either way: it deletes nothing of anyone else's.
+    def _withdraw(self, key: str, owner: str, deadline: float) -> None:
+        # The claim may have landed though it failed (its answer lost, a 5xx), and would block the key until the
+        # deadline though the handler never ran. Deleting it under our own owner token is safe either way: it
+        # deletes nothing of anyone else's. A claim still in flight may land after this, and then blocks.
         try:
-            if self.store.release(key, owner):
+            if self.store.release(key, owner, deadline):
                 logger.warning("claiming key %r failed after the claim had landed; withdrew it", key)
         except Exception:
             logger.debug("withdrawing a claim on key %r that may have landed failed too", key)
@@ -223,9 +225,9 @@ class Cycle:
 
         `deadline` is the invocation's (time.monotonic()): every attempt, the transport's own retries and
         timeouts included, ends `RETURN_MARGIN_MS` before it. A failure a retry may cure (throttling, a 5xx, a
-        lost connection) is retried with backoff while `COMPLETE_MARGIN_MS` are left: an uncompleted claim lets
-        the next copy after the invocation's deadline run the handler again. Retrying is safe: the write is
-        conditioned on our owner token, so a retry of a write that landed lands again."""
+        lost connection) is retried with backoff while more than `COMPLETE_MARGIN_MS` would be left: an
+        uncompleted claim lets the next copy after the invocation's deadline run the handler again. Retrying is
+        safe: the write is conditioned on our owner token, so a retry of a write that landed lands again."""
         expires_at = int(self.clock()) + self.ttl_seconds
         last = retry_by = None
         if deadline is not None:
@@ -233,17 +235,12 @@ class Cycle:
         delay = FIRST_COMPLETE_RETRY_S
         attempt = 1
         while True:
-            started = time.monotonic()
             try:
                 completed = self.store.complete(key, owner, result, expires_at, last)
                 break
             except IdempotencyPersistenceLayerError as error:
                 pause = delay * (0.5 + random.random() / 2)
-                # One attempt may take seconds (the transport's own retries, a slow read): another is started
-                # only if one as long as the last still ends before the deadline, so the result is handed back
-                # before Lambda's timeout.
-                spent = time.monotonic() - started
-                if error.permanent or retry_by is None or time.monotonic() + pause + spent >= retry_by:
+                if error.permanent or retry_by is None or time.monotonic() + pause >= retry_by:
                     return self._completion_failed(key, error, attempt)
                 logger.warning("completing key %r failed (attempt %d), retrying in %.2f s: %s", key, attempt, pause,
                                error)

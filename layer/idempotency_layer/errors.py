@@ -26,6 +26,8 @@ class IdempotencyPersistenceLayerError(IdempotencyError):
 
     # True when retrying cannot help (no table, no permission, a request the table refuses).
     permanent: bool = False
+    # True when the failed request may have been applied all the same (its answer lost, a 5xx).
+    uncertain: bool = False
 
 
 class IdempotencyResultTooLargeError(IdempotencyError):

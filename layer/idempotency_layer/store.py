@@ -140,6 +140,7 @@ class DynamoDBStore:
                 f"DynamoDB {operation} on table {self.table!r} failed for key {key!r}: {error.code}: {error.message}"
             )
             failure.permanent = error.code in _PERMANENT
+            failure.uncertain = error.uncertain
             raise failure from error
         except Exception as error:
             # E.g. a credential refresh that failed outside botocore's own error types.

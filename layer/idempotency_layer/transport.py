@@ -53,8 +53,12 @@ class DynamoDBError(Exception):
     `code` is the AWS error code, or for a failure before any answer the botocore exception's class name
     (`EndpointConnectionError`, `ConnectTimeoutError`, `ReadTimeoutError`, ...). `item` is the `Item` that came
     with a `ConditionalCheckFailedException` asked for `ReturnValuesOnConditionCheckFailure=ALL_OLD`.
-    `status` is the HTTP status, None when no answer came.
+    `status` is the HTTP status, None when no answer came. `uncertain` is True when the request may have been
+    applied though the call failed: an attempt was sent and got no definite answer (a read timeout, a
+    connection lost, a 5xx, a damaged reply), or its outcome is not known.
     """
+
+    uncertain: bool = False
 
     def __init__(
         self, operation: str, code: str, message: str, item: dict | None = None, status: int | None = None
@@ -77,18 +81,30 @@ class Transport(Protocol):
 
 
 DEADLINE = "InvocationDeadline"  # the code of a call that ran out of the time it was given
-# A call whose deadline has passed before it starts still gets one attempt this short: the write it makes
-# (a completion, a release) usually takes milliseconds, and not making it leaves the key claimed for sure.
+# Near its deadline an attempt still gets this long, ending at most this long after the deadline: a write
+# that usually takes milliseconds is worth making, and the time an attempt gets shrinks smoothly to nothing.
 LAST_CHANCE_S = 0.2
+# Answers that say a request was not applied, though no answer came: it never left (or never connected).
+_NOT_SENT = frozenset({"EndpointConnectionError", "ConnectTimeoutError", "ProxyConnectionError", DEADLINE})
 
 
-def _time_left(deadline: float, attempt: int = 1) -> float | None:
-    """Seconds the attempt may take, or None: no time for it."""
+def _time_left(deadline: float) -> float | None:
+    """Seconds an attempt starting now may take, or None: none may start. Every attempt ends by
+    `deadline + LAST_CHANCE_S`."""
     left = deadline - time.monotonic()
-    if left > 0:
-        return left
-    return LAST_CHANCE_S if attempt == 1 else None
+    allowed = min(max(left, LAST_CHANCE_S), left + LAST_CHANCE_S)
+    return allowed if allowed > 0 else None
 
+
+def _out_of_time(operation: str) -> DynamoDBError:
+    return DynamoDBError(operation, DEADLINE, "the invocation has no time left for this request")
+
+
+def worst_case_s(connect_timeout: float, read_timeout: float, max_attempts: int) -> float:
+    """The longest a call may take: every attempt timing out, and the longest backoff between them
+    (standard mode's cap doubles from 1 s to 20 s), with a second to spare."""
+    backoff = sum(min(20.0, 2.0**i) for i in range(max_attempts - 1))
+    return max_attempts * (connect_timeout + read_timeout) + backoff + 1.0
 
 def _within(deadline: float, operation: str, call: Any) -> dict:
     """`call()` on a thread of its own, waited for until `deadline`: for clients whose per-request timeouts
@@ -96,7 +112,8 @@ def _within(deadline: float, operation: str, call: Any) -> dict:
     finish on its own; the writes the cycle bounds this way are conditioned on the owner token, so landing
     late is harmless."""
     left = _time_left(deadline)
-    assert left is not None
+    if left is None:
+        raise _out_of_time(operation)
     outcome: list[Any] = []
 
     def target() -> None:
@@ -109,7 +126,9 @@ def _within(deadline: float, operation: str, call: Any) -> dict:
     worker.start()
     worker.join(left)
     if not outcome:
-        raise DynamoDBError(operation, DEADLINE, f"no answer within the {left:.2f} s the invocation had left")
+        late = DynamoDBError(operation, DEADLINE, f"no answer within the {left:.2f} s the invocation had left")
+        late.uncertain = True  # still in flight: it may land
+        raise late
     done, value = outcome[0]
     if not done:
         raise value
@@ -363,7 +382,10 @@ class _PoolHTTP:
         errors = urllib3.exceptions
         extra: dict[str, Any] = {}
         if left is not None:
-            extra["timeout"] = urllib3.Timeout(connect=min(self._timeout[0], left), read=min(self._timeout[1], left))
+            # `total` bounds connecting and reading together (each recv() still has the read timeout of its own).
+            extra["timeout"] = urllib3.Timeout(
+                total=left, connect=min(self._timeout[0], left), read=min(self._timeout[1], left)
+            )
         try:
             raw = self._pool.urlopen(
                 "POST", self._path, body=body, headers=dict(request.headers.items()), decode_content=False, **extra
@@ -454,6 +476,7 @@ class LeanTransport:
         # Host given up front: SigV4Auth would otherwise parse the URL for it twice per request.
         self._header_base = {"Content-Type": _CONTENT_TYPE, "User-Agent": user_agent, "Host": _host_from_url(endpoint)}
         self.retry = _RetryPolicy(max_attempts, sleep)
+        self._worst_case = worst_case_s(connect_timeout, read_timeout, max_attempts)
         # What a boto3 client's endpoint would use: CA bundle, TCP options, proxies from the environment.
         verify = session.get_config_variable("ca_bundle") or os.environ.get("REQUESTS_CA_BUNDLE") or True
         socket_options = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
@@ -468,7 +491,7 @@ class LeanTransport:
             self._http = _PoolHTTP(endpoint, timeout, verify, socket_options)
 
     def call(self, operation: str, params: dict, deadline: float | None = None) -> dict:
-        if deadline is not None and not self._http.bounded:
+        if deadline is not None and not self._http.bounded and deadline - time.monotonic() < self._worst_case:
             return _within(deadline, operation, lambda: self._call(operation, params, deadline))
         return self._call(operation, params, deadline)
 
@@ -477,20 +500,24 @@ class LeanTransport:
         retry = self.retry
         request_context: dict = {}
         attempt = 1
+        uncertain = False  # an attempt of this call may have been applied
         while True:
             response = None
             parsed = None
             caught: Exception | None = None
             left = None
             if deadline is not None:
-                left = _time_left(deadline, attempt)
+                left = _time_left(deadline)
                 if left is None:  # the backoff overslept the deadline
-                    raise DynamoDBError(operation, DEADLINE, "the invocation has no time left for this request")
+                    late = _out_of_time(operation)
+                    late.uncertain = uncertain
+                    raise late
             try:
                 response = self._send(operation, body, left)
             except BotoCoreError as error:
                 caught = error
                 failure = DynamoDBError(operation, type(error).__name__, str(error))
+                uncertain = uncertain or failure.code not in _NOT_SENT
             else:
                 content = response.content
                 status = response.status_code
@@ -507,7 +534,9 @@ class LeanTransport:
                     try:
                         return orjson.loads(content) if content else {}
                     except orjson.JSONDecodeError as error:
-                        raise DynamoDBError(operation, "ResponseParserError", str(error), None, status) from None
+                        damaged = DynamoDBError(operation, "ResponseParserError", str(error), None, status)
+                        damaged.uncertain = True  # it was applied, but nothing says what it answered
+                        raise damaged from None
                 else:
                     parsed = parse_error(status, response.headers, content)
                     code = parsed["Error"]["Code"]
@@ -522,8 +551,11 @@ class LeanTransport:
                 parsed_response=parsed,
                 caught_exception=caught,
             )
+            if response is not None and (status >= 500 or failure.code == ChecksumError.__name__):
+                uncertain = True
             delay = retry.delay(context)
             if delay is None or (deadline is not None and time.monotonic() + delay >= deadline):
+                failure.uncertain = uncertain
                 raise failure from caught
             retry.wait(delay)
             attempt += 1
@@ -558,6 +590,8 @@ class Boto3Transport:
             read_timeout=read_timeout,
             retries={"total_max_attempts": max_attempts, "mode": "standard"},
         )
+        self._worst_case = worst_case_s(connect_timeout, read_timeout, max_attempts)
+        self._max_attempts = max_attempts
         try:
             self.client = boto3.client(_SERVICE, config=config)
         except NoRegionError:
@@ -568,7 +602,8 @@ class Boto3Transport:
         self._methods: dict[str, Any] = {}
 
     def call(self, operation: str, params: dict, deadline: float | None = None) -> dict:
-        if deadline is not None:  # a client's timeouts are fixed: wait for it on a thread, until the deadline
+        # A client's timeouts are fixed: when the call might outlast the deadline, it is waited for on a thread.
+        if deadline is not None and deadline - time.monotonic() < self._worst_case:
             return _within(deadline, operation, lambda: self._call(operation, params))
         return self._call(operation, params)
 
@@ -585,7 +620,13 @@ class Boto3Transport:
             err = response.get("Error", {})
             code = err.get("Code", "")
             item = response.get("Item") if code == _CHECK_FAILED else None
-            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            raise DynamoDBError(operation, code, err.get("Message", ""), item, status) from error
+            metadata = response.get("ResponseMetadata", {})
+            status = metadata.get("HTTPStatusCode")
+            failure = DynamoDBError(operation, code, err.get("Message", ""), item, status)
+            # botocore does not say how its earlier attempts ended: any of them may have been applied.
+            failure.uncertain = (status or 500) >= 500 or metadata.get("RetryAttempts", 0) > 0
+            raise failure from error
         except BotoCoreError as error:
-            raise DynamoDBError(operation, type(error).__name__, str(error)) from error
+            failure = DynamoDBError(operation, type(error).__name__, str(error))
+            failure.uncertain = failure.code not in _NOT_SENT or self._max_attempts > 1
+            raise failure from error

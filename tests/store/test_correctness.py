@@ -185,11 +185,13 @@ class Faulty:
 
     def __init__(self, store: DynamoDBStore, step: str, error: BaseException) -> None:
         self.store, self.step, self.error = store, step, error
+        self.deadlines: list[float | None] = []  # given to each completion: the fallback is bounded too
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
 
     def complete(self, key, owner, result, expires_at, deadline=None):
+        self.deadlines.append(deadline)
         if self.step == "complete" and result.format != codec.TOO_LARGE:
             raise self.error
         return self.store.complete(key, owner, result, expires_at, deadline)
@@ -220,6 +222,7 @@ def test_failure_after_the_handler_ends_in_a_completion(store, step, error, capl
         Cycle(store, ttl_seconds=3600).run(key, lambda: runs.append(1), 30_000)
     assert runs == [1]
     assert SECRET not in caplog.text
+    assert faulty.deadlines and None not in faulty.deadlines  # every completion, the fallback too, is bounded
 
 
 # -- the table's key schema -----------------------------------------------------------------------------------

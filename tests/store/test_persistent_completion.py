@@ -19,7 +19,7 @@ from idempotency_layer.sources import batch
 from idempotency_layer.store import COMPLETED, INPROGRESS, DynamoDBStore
 from idempotency_layer.transport import DynamoDBError, make_transport
 from tests.support import events
-from tests.support.fault_proxy import DROP_REPLY, LATENCY, FaultProxy
+from tests.support.fault_proxy import DROP_REPLY, LATENCY, THROTTLE, FaultProxy
 
 KEY = "fn#order-7"
 LONG = 60_000
@@ -34,12 +34,15 @@ class FailCompletions:
         self.transport, self.times, self.code, self.land_first = transport, times, code, land_first
         self.slow = slow  # seconds each failing attempt takes, as the transport's own retries would
         self.attempts = 0
+        self.deadlines: list[float | None] = []
 
     def call(self, operation: str, params: dict[str, Any], deadline: float | None = None) -> dict[str, Any]:
         if operation == "UpdateItem":
             self.attempts += 1
+            self.deadlines.append(deadline)
             if self.attempts <= self.times:
-                time.sleep(self.slow)
+                # Cut at the deadline, as the transports cut their attempts.
+                time.sleep(self.slow if deadline is None else min(self.slow, max(0.0, deadline - time.monotonic())))
                 if self.land_first:
                     self.transport.call(operation, params, deadline)
                 raise DynamoDBError(operation, self.code, "refused by the test", None, 400)
@@ -71,17 +74,19 @@ def test_a_completion_whose_reply_was_lost_lands_again(transport, table_name):
 def test_no_retry_past_the_invocations_deadline(transport, table_name):
     failing = FailCompletions(transport, times=100)
     cycle, store = cycle_on(failing, table_name)
-    assert cycle.run(KEY, lambda: "late", 1_050).value == "late"  # 50 ms beyond the 1 s margin: no room
+    assert cycle.run(KEY, lambda: "late", 380).value == "late"  # 30 ms beyond the 350 ms margin: no room
     assert failing.attempts == 1 and store.get(KEY).status == INPROGRESS
 
 
-def test_no_retry_that_would_end_past_the_deadline(transport, table_name):
-    # Each failing attempt takes 0.3 s; with 0.45 s to the deadline, a second one would end after it.
+def test_retries_last_until_the_margin_and_every_attempt_ends_before_the_deadline(transport, table_name):
+    # Each failing attempt takes 0.3 s: retried until 350 ms before the deadline, each given until 300 ms before.
     failing = FailCompletions(transport, times=100, slow=0.3)
     cycle, store = cycle_on(failing, table_name)
     started = time.monotonic()
-    assert cycle.run(KEY, lambda: "late", 1_450).value == "late"
-    assert failing.attempts == 1 and time.monotonic() - started < 0.45 + 0.2
+    assert cycle.run(KEY, lambda: "late", 1_500).value == "late"
+    elapsed = time.monotonic() - started
+    assert failing.attempts >= 3 and elapsed < 1.5, (failing.attempts, elapsed)  # the old 1 s margin allowed 1
+    assert len(set(failing.deadlines)) == 1 and abs(failing.deadlines[0] - (started + 1.2)) < 0.1
     assert store.get(KEY).status == INPROGRESS
 
 
@@ -151,3 +156,66 @@ def test_a_claim_whose_reply_was_lost_is_withdrawn(kind, dynamodb, layer_env, ta
         assert proxy.operations()["DeleteItem"] == {"forwarded": 1} and store.get(KEY) is None
         proxy.set_rates({})
         assert cycle.run(KEY, lambda: runs.append(1) or "placed", LONG) == ("placed", False) and runs == [1]
+
+
+def _held(dynamodb, monkeypatch, operation: str, rates: dict) -> FaultProxy:
+    upstream = urlparse(dynamodb.endpoint)
+    proxy = FaultProxy(upstream.hostname, upstream.port, rates, spike=(4.0, 4.0), operations={operation})
+    monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", proxy.endpoint)
+    return proxy
+
+
+@pytest.mark.parametrize("kind", ["lean", "boto3"])
+def test_a_held_release_hands_the_handlers_error_back_before_the_deadline(kind, dynamodb, layer_env, table_name,
+                                                                          monkeypatch):
+    with _held(dynamodb, monkeypatch, "DeleteItem", {LATENCY: 1.0}) as proxy:
+        cycle, _ = cycle_on(make_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=3), table_name)
+
+        def fails() -> None:
+            raise ValueError("the handler's own error")
+
+        started = time.monotonic()
+        with pytest.raises(ValueError, match="the handler's own error"):
+            cycle.run(KEY, fails, 2_000)
+        elapsed = time.monotonic() - started
+        assert elapsed < 2.0, f"returned {elapsed:.2f} s after a start with 2 s left"  # unbounded: 4 s or more
+        assert proxy.operations()["DeleteItem"] == {LATENCY: 1}
+
+
+@pytest.mark.parametrize("kind", ["lean", "boto3"])
+@pytest.mark.parametrize("operation", ["UpdateItem", "DeleteItem"])
+def test_a_held_batch_is_answered_before_the_deadline_however_many_records(kind, operation, dynamodb, layer_env,
+                                                                          table_name, monkeypatch):
+    # 60 completions (or, when the handler raises, releases) on the batch's 10 threads, each held 4 s:
+    # unbounded, six rounds of them.
+    with _held(dynamodb, monkeypatch, operation, {LATENCY: 1.0}) as proxy:
+        cycle, _ = cycle_on(make_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=3), table_name)
+        runs: list[str] = []
+
+        def consumer(event: dict[str, Any], context: Any) -> None:
+            runs.extend(json.loads(r["body"])["n"] for r in event["Records"])
+            if operation == "DeleteItem":
+                raise RuntimeError("the consumer failed")
+
+        runner = batch.Runner(cycle, KeyDeriver("fn", None), False, consumer)
+        event = events.sqs_event([events.json_message({"n": str(i)}) for i in range(60)])
+        started = time.monotonic()
+        try:
+            runner.run(batch.parse(event, False), event, None, 3_000)
+        except RuntimeError:
+            assert operation == "DeleteItem"
+        elapsed = time.monotonic() - started
+        assert elapsed < 3.0, f"returned {elapsed:.2f} s after a start with 3 s left"
+        assert sorted(runs, key=int) == [str(i) for i in range(60)]
+        held = proxy.operations()[operation][LATENCY]
+        assert 10 <= held < 60  # the first rounds were sent and cut short; the rest were not sent at all
+
+
+@pytest.mark.parametrize("kind", ["lean", "boto3"])
+def test_a_refused_claim_is_not_withdrawn(kind, dynamodb, layer_env, table_name, monkeypatch):
+    # A throttle says the claim was not applied: nothing to withdraw, and no write to add to a throttled table.
+    with _held(dynamodb, monkeypatch, "PutItem", {THROTTLE: 1.0}) as proxy:
+        cycle, _ = cycle_on(make_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=1), table_name)
+        with pytest.raises(IdempotencyPersistenceLayerError):
+            cycle.run(KEY, lambda: pytest.fail("the handler ran"), LONG)
+        assert proxy.operations() == {"PutItem": {THROTTLE: 1}}

@@ -353,7 +353,9 @@ class World:
         if action == "die-after":
             raise _Died
         if action == "lost":
-            raise DynamoDBError(operation, "ReadTimeoutError", "Read timeout on endpoint URL")
+            lost = DynamoDBError(operation, "ReadTimeoutError", "Read timeout on endpoint URL")
+            lost.uncertain = True  # as the transports mark an attempt that got no answer
+            raise lost
         if action == "lost-retry":  # the SDK sends the same request again, later
             self.gate(invocation, Pending("retry", operation, params))
             reply = self._land(invocation, operation, params)

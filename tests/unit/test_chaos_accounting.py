@@ -1,43 +1,48 @@
-"""The soak's early re-run check on hand-made histories: a re-run is excused only once the run it follows was
-over and that run's claim could have ended, as the re-running environment's clock saw it."""
+"""The soak's verdict on hand-made histories: a run after one that was not killed or timed out is a double,
+whatever became of it; a re-run after one that was is early unless that run was over and its claim could have
+ended, as the re-running environment's clock saw it."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.support.chaos import Attempt, early_reruns
+from tests.support.chaos import Attempt, verdict
 
 TIMEOUT = 4.0
 
 
-def history(rerun_clock: float, *, skew_s: float = 0.0, first: str = "timeout") -> list[str]:
+def history(rerun_clock: float, *, skew_s: float = 0.0, first: str = "timeout",
+            second: str = "ok") -> tuple[list[str], list[str]]:
     """A first run sent at 100.0 that ended with `first`, and a re-run whose handler read `rerun_clock` in an
-    environment `skew_s` ahead (every second one, as the soak skews them)."""
+    environment `skew_s` ahead (every second one, as the soak skews them): (doubles, early)."""
     attempts = {
         "a.0.1": Attempt("a.0.1", "a", 0.0, outcome=first, killed=first == "killed", sent_at=100.0),
-        "a.1.3": Attempt("a.1.3", "a", 0.0, outcome="ok", skewed=skew_s > 0, sent_at=rerun_clock - skew_s - 0.2),
+        "a.1.3": Attempt("a.1.3", "a", 0.0, outcome=second, killed=second == "killed", skewed=skew_s > 0,
+                         sent_at=rerun_clock - skew_s - 0.2),
     }
     runs = {"a": [{"key": "a", "run": "r1", "attempt": "a.0.1", "clock": 100.01},
                   {"key": "a", "run": "r2", "attempt": "a.1.3", "clock": rerun_clock}]}
-    return early_reruns(runs, attempts, timeout=TIMEOUT, skew_s=skew_s, margin_s=1.0)
+    return verdict(runs, attempts, timeout=TIMEOUT, skew_s=skew_s, margin_s=1.0)
 
 
 @pytest.mark.parametrize("first", ["timeout", "killed"])
 def test_a_rerun_inside_the_claim_is_early_and_one_after_it_is_not(first: str) -> None:
-    assert history(104.90, first=first) == ["a"]  # before the deadline (104) plus the margin
-    assert history(105.00, first=first) == []
+    assert history(104.90, first=first) == ([], ["a"])  # before the deadline (104) plus the margin
+    assert history(105.00, first=first) == ([], [])
 
 
 def test_a_clock_ahead_may_take_the_claim_over_that_much_sooner() -> None:
-    assert history(104.40 + 0.5, skew_s=0.5) == ["a"]  # true 104.40: before 105 - 0.5
-    assert history(104.50 + 0.5, skew_s=0.5) == []
+    assert history(104.40 + 0.5, skew_s=0.5) == ([], ["a"])  # true 104.40: before 105 - 0.5
+    assert history(104.50 + 0.5, skew_s=0.5) == ([], [])
 
 
 def test_beyond_the_margin_a_rerun_while_the_first_may_still_run_is_early() -> None:
     # 2.5 s ahead, the claim looks over at 102.5; the first run was alive until 104.
-    assert history(103.90 + 2.5, skew_s=2.5) == ["a"]
-    assert history(104.00 + 2.5, skew_s=2.5) == []
+    assert history(103.90 + 2.5, skew_s=2.5) == ([], ["a"])
+    assert history(104.00 + 2.5, skew_s=2.5) == ([], [])
 
 
-def test_a_rerun_after_a_completed_run_is_a_double_not_an_early_rerun() -> None:
-    assert history(100.5, first="ok") == []  # the doubles count covers it
+@pytest.mark.parametrize("second", ["ok", "killed", "timeout"])
+def test_any_run_after_one_that_answered_is_a_double(second: str) -> None:
+    assert history(100.02, first="ok", second=second) == (["a"], [])  # killed or not, it ran a second time
+    assert history(110.0, first="ok", second=second) == (["a"], [])

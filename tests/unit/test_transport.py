@@ -27,6 +27,7 @@ from botocore.session import Session
 from idempotency_layer import transport
 from idempotency_layer.transport import (
     DEADLINE,
+    LAST_CHANCE_S,
     Boto3Transport,
     DynamoDBError,
     LeanTransport,
@@ -701,17 +702,74 @@ def test_a_deadline_cuts_the_read_timeout_of_the_lean_pool(scripted):
 
 
 @pytest.mark.parametrize("kind", ["lean", "boto3"])
-def test_a_deadline_already_passed_still_gets_one_short_attempt(scripted, kind):
+def test_a_deadline_just_passed_still_gets_one_short_attempt(scripted, kind):
     # A completion that usually takes milliseconds is worth trying; one that is slow is not waited for.
     quick = scripted(answer(body={"Item": {}}))
     t = make_transport(kind, connect_timeout=1, read_timeout=5, max_attempts=3)
     params = {"TableName": "t", "Key": {"id": {"S": "k"}}}
-    assert t.call("GetItem", params, time.monotonic() - 1)["Item"] == {} and quick.count == 1
+    assert t.call("GetItem", params, time.monotonic() - 0.05)["Item"] == {} and quick.count == 1
+    with pytest.raises(DynamoDBError) as caught:
+        t.call("GetItem", params, time.monotonic() - LAST_CHANCE_S)  # its last chance is over: nothing is sent
+    assert caught.value.code == DEADLINE and not caught.value.uncertain and quick.count == 1
     slow = scripted(answer(body={"Item": {}}, delay=1.5))
     t = make_transport(kind, connect_timeout=1, read_timeout=5, max_attempts=3)
     with pytest.raises(DynamoDBError) as caught:
-        t.call("GetItem", params, time.monotonic() - 1)
+        t.call("GetItem", params, time.monotonic() - 0.05)
     assert caught.value.code == ("ReadTimeoutError" if kind == "lean" else DEADLINE) and slow.count == 1
+    assert caught.value.uncertain  # sent, and no answer came
+
+
+def test_the_time_an_attempt_gets_shrinks_smoothly_to_nothing():
+    now = time.monotonic()
+    given = [transport._time_left(now + left) for left in (1.0, 0.3, 0.1, 0.0, -0.1, -0.19, -0.21)]
+    expected = [1.0, 0.3, LAST_CHANCE_S, LAST_CHANCE_S, 0.1, 0.01, None]
+    assert given[-1] is None
+    assert all(abs(g - e) < 0.02 for g, e in zip(given[:-1], expected[:-1], strict=True)), given
+
+
+@pytest.mark.parametrize(("script", "uncertain"), [
+    ((throttle(),), False),  # refused: not applied
+    ((answer(400, {"__type": PREFIX + "ValidationException", "message": "bad"}),), False),
+    ((server_error(),), True),  # a 5xx says nothing of whether it was applied
+    ((server_error(), throttle()), True),  # an earlier attempt of the call may have been
+    ((answer(crc=1),), True),  # a damaged answer
+])
+def test_a_failure_says_whether_the_request_may_have_been_applied(scripted, script, uncertain):
+    scripted(*script)
+    with pytest.raises(DynamoDBError) as caught:
+        lean(max_attempts=len(script), sleep=Sleeps()).call("PutItem", {})
+    assert caught.value.uncertain is uncertain, caught.value
+
+
+def test_no_answer_at_all_may_have_been_applied_and_no_connection_was_not(scripted, aws_env):
+    scripted(answer(delay=1.5))
+    with pytest.raises(DynamoDBError) as caught:
+        lean(read_timeout=0.2).call("PutItem", {})
+    assert caught.value.code == "ReadTimeoutError" and caught.value.uncertain
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    aws_env.setenv("AWS_ENDPOINT_URL_DYNAMODB", f"http://127.0.0.1:{port}")  # nothing listens there
+    with pytest.raises(DynamoDBError) as caught:
+        lean(max_attempts=2, sleep=Sleeps()).call("PutItem", {})
+    assert caught.value.code == "EndpointConnectionError" and not caught.value.uncertain
+
+
+@pytest.mark.parametrize("kind", ["lean-proxy", "boto3"])
+def test_a_call_that_fits_before_its_deadline_needs_no_thread(scripted, aws_env, monkeypatch, kind):
+    server = scripted(answer(body={"Item": {}}))
+    if kind == "lean-proxy":
+        aws_env.setenv("HTTP_PROXY", server.endpoint)
+        aws_env.setenv("AWS_ENDPOINT_URL_DYNAMODB", "http://dynamodb.invalid:8000")
+    t = make_transport("lean" if kind == "lean-proxy" else "boto3", connect_timeout=1, read_timeout=1,
+                       max_attempts=3)
+    monkeypatch.setattr(transport, "_within", lambda *a: pytest.fail("waited on a thread"))
+    worst = transport.worst_case_s(1, 1, 3)
+    assert worst == 3 * 2 + 1 + 2 + 1
+    params = {"TableName": "t", "Key": {"id": {"S": "k"}}}
+    assert t.call("GetItem", params, time.monotonic() + worst + 1)["Item"] == {}
+    with pytest.raises(pytest.fail.Exception):
+        t.call("GetItem", params, time.monotonic() + worst - 1)
 
 
 def test_no_backoff_runs_past_the_deadline(scripted, monkeypatch):
