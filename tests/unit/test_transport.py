@@ -808,3 +808,14 @@ def test_a_deadline_bounds_the_boto3_transport(scripted, failing):
     assert caught.value.code == ("InternalServerError" if failing else DEADLINE) and server.count == 1
     if not failing:
         assert t.call("GetItem", {"TableName": "t", "Key": {"id": {"S": "k"}}})["Item"] == {}  # waited for
+
+
+@pytest.mark.parametrize("header", ["0xcbf43926", "", "1, 1", "abc"])
+def test_a_crc32_header_that_is_no_integer_is_a_mismatch_and_retried(scripted, header):
+    # botocore's own retry check would raise ValueError on it; it is a damaged answer like any other.
+    server = scripted(answer(crc=None, headers={"x-amz-crc32": header}), answer(body={"Item": {}}))
+    assert lean(max_attempts=2, sleep=Sleeps()).call("GetItem", {}) == {"Item": {}} and server.count == 2
+    scripted(answer(crc=None, headers={"x-amz-crc32": header}))
+    with pytest.raises(DynamoDBError) as caught:
+        lean(max_attempts=2, sleep=Sleeps()).call("GetItem", {})
+    assert caught.value.code == "ChecksumError" and caught.value.uncertain
