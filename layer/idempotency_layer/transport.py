@@ -83,7 +83,7 @@ class Transport(Protocol):
 DEADLINE = "InvocationDeadline"  # the code of a call that ran out of the time it was given
 # Near its deadline an attempt still gets this long, ending at most this long after the deadline: a write
 # that usually takes milliseconds is worth making, and the time an attempt gets shrinks smoothly to nothing.
-LAST_CHANCE_S = 0.2
+LAST_CHANCE_S = 0.1
 # Answers that say a request was not applied, though no answer came: it never left (or never connected).
 _NOT_SENT = frozenset({"EndpointConnectionError", "ConnectTimeoutError", "ProxyConnectionError", DEADLINE})
 
