@@ -349,7 +349,15 @@ class Soak:
             if self._closing:
                 raise RuntimeError("the soak is closing: no new environment")
             self._live.add(env)
-        return env.start()
+        try:
+            return env.start()
+        finally:
+            # A close that came while this one was starting found nothing to stop yet (a SIGTERMed soak left
+            # emulators running so): stop it now.
+            with self._lock:
+                closing = self._closing
+            if closing:
+                env.stop()
 
     def retire(self, env: LambdaEnvironment) -> None:
         env.stop()
