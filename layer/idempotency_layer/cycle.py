@@ -191,7 +191,8 @@ class Cycle:
         _check_fingerprint(key, stored, fingerprint)
         return result
 
-    def claim(self, key: str, remaining_ms: int, fingerprint: str | None = None) -> str | Record:
+    def claim(self, key: str, remaining_ms: int, fingerprint: str | None = None,
+              deadline: float | None = None) -> str | Record:
         """Claim `key`: our owner token when we hold the claim, else the completed record that is there.
 
         Raises `IdempotencyPayloadMismatchError` when the live record there was claimed with another
@@ -199,12 +200,16 @@ class Cycle:
         to call from several threads at once.
         """
         owner = os.urandom(16).hex()
-        deadline = time.monotonic() + (remaining_ms - RETURN_MARGIN_MS) / 1000
+        # The invocation's deadline (time.monotonic()), for the withdraw; callers that claim later than they
+        # measured `remaining_ms` (a batch's queued claims) pass it.
+        if deadline is None:
+            deadline = time.monotonic() + remaining_ms / 1000
+        withdraw_by = deadline - RETURN_MARGIN_MS / 1000
         try:
             record = self._claim(key, owner, remaining_ms, fingerprint)
         except IdempotencyPersistenceLayerError as error:
             if error.uncertain:
-                self._withdraw(key, owner, deadline)
+                self._withdraw(key, owner, withdraw_by)
             raise
         return owner if record is None else record
 

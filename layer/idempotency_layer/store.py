@@ -144,10 +144,12 @@ class DynamoDBStore:
             raise failure from error
         except Exception as error:
             # E.g. a credential refresh that failed outside botocore's own error types.
-            raise IdempotencyPersistenceLayerError(
+            failure = IdempotencyPersistenceLayerError(
                 f"DynamoDB {operation} on table {self.table!r} failed for key {key!r}: "
                 f"{type(error).__name__}: {error}"
-            ) from error
+            )
+            failure.uncertain = True  # nothing says whether it was sent
+            raise failure from error
 
     def _record(self, key: str, item: dict[str, Any]) -> Record:
         a = self.attr

@@ -102,8 +102,9 @@ def _out_of_time(operation: str) -> DynamoDBError:
 
 def worst_case_s(connect_timeout: float, read_timeout: float, max_attempts: int) -> float:
     """The longest a call may take: every attempt timing out, and the longest backoff between them
-    (standard mode's cap doubles from 1 s to 20 s), with a second to spare."""
-    backoff = sum(min(20.0, 2.0**i) for i in range(max_attempts - 1))
+    (standard mode's cap doubles from 1 s to 20 s, and an `x-amz-retry-after` may add up to 5 s to each),
+    with a second to spare. DNS lookups and credential refreshes have no timeout of their own."""
+    backoff = sum(min(20.0, 2.0**i) + 5.0 for i in range(max_attempts - 1))
     return max_attempts * (connect_timeout + read_timeout) + backoff + 1.0
 
 def _within(deadline: float, operation: str, call: Any) -> dict:
@@ -543,10 +544,14 @@ class LeanTransport:
                         damaged.uncertain = True  # it was applied, but nothing says what it answered
                         raise damaged from None
                 else:
-                    parsed = parse_error(status, response.headers, content)
-                    code = parsed["Error"]["Code"]
+                    try:
+                        error_part = parse_error(status, response.headers, content)["Error"]
+                        code, message = str(error_part["Code"]), str(error_part["Message"])
+                    except Exception:  # a body botocore's parser trips on: the status is all there is
+                        code, message = str(status), "an error answer that cannot be read"
+                    parsed = {"Error": {"Code": code, "Message": message}}
                     failure = DynamoDBError(
-                        operation, code, parsed["Error"]["Message"], condition_item(code, content), status
+                        operation, code, message, condition_item(code, content), status
                     )
             context = retry.context(
                 operation,
@@ -634,4 +639,8 @@ class Boto3Transport:
         except BotoCoreError as error:
             failure = DynamoDBError(operation, type(error).__name__, str(error))
             failure.uncertain = failure.code not in _NOT_SENT or self._max_attempts > 1
+            raise failure from error
+        except Exception as error:  # botocore tripped on an answer (e.g. an x-amz-crc32 that is no integer)
+            failure = DynamoDBError(operation, type(error).__name__, "the answer could not be read")
+            failure.uncertain = True
             raise failure from error

@@ -10,8 +10,9 @@ in-progress and store errors as "retry later".
 The verdict is drawn from the function's own side effects (one line per execution, naming the delivery
 attempt) and from what callers were answered, never from the layer's logs:
 
-- doubles: keys executed again after an execution that was not killed after its side effect (by us, or by
-  the emulator at the function's timeout), whatever became of the later one;
+- doubles: keys executed again after an execution that was not lost after its side effect (killed by us,
+  gone on its own, or timed out because its handler overran on purpose), whatever became of the later one;
+  a timeout the handler did not cause excuses nothing;
 - divergent: keys whose successful answers differ, or name a run that never happened for that key;
 - lost: copies that never succeeded within the attempt budget;
 - stuck: records still INPROGRESS at the end, with every invocation over and every claim's deadline passed;
@@ -434,7 +435,8 @@ class Soak:
         for run in runs:
             runs_of.setdefault(run["key"], []).append(run)
 
-        doubles, early = verdict(runs_of, attempts, timeout=s.timeout, skew_s=s.skew_s)
+        doubles, early = verdict(runs_of, attempts, timeout=s.timeout, skew_s=s.skew_s,
+                                 overruns=lambda key: overruns(s, key))
 
         reruns = sum(len(found) - 1 for found in runs_of.values() if len(found) > 1)
         killed_after_effect = sum(1 for run in runs if (a := attempts.get(run.get("attempt") or "")) and a.killed)
@@ -524,21 +526,26 @@ class Soak:
         }
 
 
-def _excused(run: Mapping[str, Any], attempts: Mapping[str, Attempt]) -> bool:
-    """A run whose environment was killed, or timed out, before its answer: it may run again."""
+def _excused(run: Mapping[str, Any], attempts: Mapping[str, Attempt], overran: bool = True) -> bool:
+    """A run whose environment was lost before its answer (killed by us, or gone on its own), or that timed
+    out because its handler overran (`overran`: its key's first run, of a key that overruns): it may run
+    again. A timeout the handler did not cause (the layer's own writes) excuses nothing."""
     attempt = attempts.get(run.get("attempt") or "")
-    return attempt is not None and (attempt.killed or attempt.outcome == "timeout")
+    if attempt is None:
+        return False
+    return attempt.killed or attempt.outcome == "connection" or (attempt.outcome == "timeout" and overran)
 
 
 def verdict(runs_of: Mapping[str, list[dict[str, Any]]], attempts: Mapping[str, Attempt], *, timeout: float,
-            skew_s: float, margin_s: float = CLAIM_MARGIN_S) -> tuple[list[str], list[str]]:
+            skew_s: float, overruns: Callable[[str], bool] = lambda key: True,
+            margin_s: float = CLAIM_MARGIN_S) -> tuple[list[str], list[str]]:
     """Keys run twice, and keys re-run early, from the handlers' own lines (in the order they started).
 
     A run is justified only when it is a key's first or every run before it was excused: a run after one that
-    was not (it answered, or is still the key's result) is a double, whatever became of it. A justified re-run
-    is early when it started before an excused run it follows was over (its deadline: the soak's send time plus
-    the function's timeout) or before that run's claim could have ended (the deadline plus the margin, which a
-    copy whose clock runs `skew_s` ahead sees that much early)."""
+    was not (it answered, or timed out though its handler did not overrun) is a double, whatever became of
+    it. A justified re-run is early when it started before an excused run it follows was over (its deadline:
+    the soak's send time plus the function's timeout) or before that run's claim could have ended (the
+    deadline plus the margin, which a copy whose clock runs `skew_s` ahead sees that much early)."""
 
     def skew(run: Mapping[str, Any]) -> float:
         attempt = attempts.get(run.get("attempt") or "")
@@ -551,8 +558,8 @@ def verdict(runs_of: Mapping[str, list[dict[str, Any]]], attempts: Mapping[str, 
     for key, found in runs_of.items():
         ordered = sorted(found, key=started)
         for i, run in enumerate(ordered):
-            for before in ordered[:i]:
-                if not _excused(before, attempts):
+            for j, before in enumerate(ordered[:i]):
+                if not _excused(before, attempts, overran=j == 0 and overruns(key)):
                     doubles.add(key)
                 elif started(run) < (attempts[before["attempt"]].sent_at + timeout
                                      + max(0.0, margin_s - skew(run)) - EARLY_SLACK_S):

@@ -12,7 +12,7 @@ TIMEOUT = 4.0
 
 
 def history(rerun_clock: float, *, skew_s: float = 0.0, first: str = "timeout",
-            second: str = "ok") -> tuple[list[str], list[str]]:
+            second: str = "ok", overruns: bool = True) -> tuple[list[str], list[str]]:
     """A first run sent at 100.0 that ended with `first`, and a re-run whose handler read `rerun_clock` in an
     environment `skew_s` ahead (every second one, as the soak skews them): (doubles, early)."""
     attempts = {
@@ -22,7 +22,7 @@ def history(rerun_clock: float, *, skew_s: float = 0.0, first: str = "timeout",
     }
     runs = {"a": [{"key": "a", "run": "r1", "attempt": "a.0.1", "clock": 100.01},
                   {"key": "a", "run": "r2", "attempt": "a.1.3", "clock": rerun_clock}]}
-    return verdict(runs, attempts, timeout=TIMEOUT, skew_s=skew_s, margin_s=1.0)
+    return verdict(runs, attempts, timeout=TIMEOUT, skew_s=skew_s, overruns=lambda key: overruns, margin_s=1.0)
 
 
 @pytest.mark.parametrize("first", ["timeout", "killed"])
@@ -46,3 +46,14 @@ def test_beyond_the_margin_a_rerun_while_the_first_may_still_run_is_early() -> N
 def test_any_run_after_one_that_answered_is_a_double(second: str) -> None:
     assert history(100.02, first="ok", second=second) == (["a"], [])  # killed or not, it ran a second time
     assert history(110.0, first="ok", second=second) == (["a"], [])
+
+
+def test_a_timeout_the_handler_did_not_cause_excuses_nothing() -> None:
+    # The key's handler does not overrun: its timeout is the layer's (a write held past the deadline).
+    assert history(105.6, overruns=False) == (["a"], [])
+    assert history(105.6, overruns=True) == ([], [])
+
+
+def test_an_environment_lost_on_its_own_excuses_its_run() -> None:
+    assert history(105.0, first="connection") == ([], [])
+    assert history(104.5, first="connection") == ([], ["a"])

@@ -766,7 +766,7 @@ def test_a_call_that_fits_before_its_deadline_needs_no_thread(scripted, aws_env,
                        max_attempts=3)
     monkeypatch.setattr(transport, "_within", lambda *a: pytest.fail("waited on a thread"))
     worst = transport.worst_case_s(1, 1, 3)
-    assert worst == 3 * 2 + 1 + 2 + 1
+    assert worst == 3 * 2 + (1 + 5) + (2 + 5) + 1  # backoff caps, each with a retry-after's 5 s, and a second
     params = {"TableName": "t", "Key": {"id": {"S": "k"}}}
     assert t.call("GetItem", params, time.monotonic() + worst + 1)["Item"] == {}
     with pytest.raises(pytest.fail.Exception):
@@ -820,3 +820,29 @@ def test_a_crc32_header_that_is_no_integer_is_a_mismatch_and_retried(scripted, h
     with pytest.raises(DynamoDBError) as caught:
         lean(max_attempts=2, sleep=Sleeps()).call("GetItem", {})
     assert caught.value.code == "ChecksumError" and caught.value.uncertain
+
+
+@pytest.mark.parametrize("body", [b"[1, 2]", b'{"__type": 5, "message": 7}', b"\xff\xfe"])
+@pytest.mark.parametrize("kind", ["lean", "boto3"])
+def test_a_5xx_whose_body_cannot_be_read_is_retried_and_may_have_been_applied(scripted, kind, body):
+    data = body
+    server = scripted((500, {"Content-Type": "application/x-amz-json-1.0", "x-amz-crc32": str(zlib.crc32(data))},
+                       data, 0.0))
+    t = make_transport(kind, connect_timeout=1, read_timeout=1, max_attempts=2)
+    if kind == "lean":
+        t.retry._sleep = Sleeps()
+    with pytest.raises(DynamoDBError) as caught:
+        t.call("PutItem", {"TableName": "t", "Item": {"id": {"S": "k"}}})
+    assert caught.value.uncertain and server.count >= 1
+    if kind == "lean":
+        assert caught.value.code == "500" and server.count == 2  # a 5xx, retried as any other
+
+
+def test_boto3_tripping_on_an_answer_may_have_been_applied(scripted):
+    # botocore's retry check raises a bare ValueError on an x-amz-crc32 that is no integer (with one attempt
+    # it takes the answer as it is); the request was applied.
+    scripted(answer(crc=None, headers={"x-amz-crc32": "abc"}))
+    t = make_transport("boto3", connect_timeout=1, read_timeout=1, max_attempts=2)
+    with pytest.raises(DynamoDBError) as caught:
+        t.call("PutItem", {"TableName": "t", "Item": {"id": {"S": "k"}}})
+    assert caught.value.uncertain and caught.value.code == "ValueError"

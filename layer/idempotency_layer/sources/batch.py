@@ -233,7 +233,9 @@ class Runner:
         to_claim = [key for key in first if key not in done and key not in busy]
         owners: dict[str, str] = {}
         failure: Exception | None = None
-        claims = self._executor.map(lambda key: self.cycle.claim(key, remaining_ms, prints[first[key]]), to_claim)
+        claims = self._executor.map(
+            lambda key: self.cycle.claim(key, remaining_ms, prints[first[key]], deadline), to_claim
+        )
         for key, claimed in zip(to_claim, claims, strict=True):
             if isinstance(claimed, str):
                 owners[key] = claimed
