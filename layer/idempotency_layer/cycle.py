@@ -49,6 +49,11 @@ FIRST_COMPLETE_RETRY_S, LAST_COMPLETE_RETRY_S, COMPLETE_MARGIN_MS = 0.1, 2.0, RE
 logger = logging.getLogger("idempotency_layer")
 
 
+def _requests_by(deadline: float | None) -> float | None:
+    """When the requests of an invocation that ends at `deadline` (time.monotonic()) must be done."""
+    return None if deadline is None else deadline - RETURN_MARGIN_MS / 1000
+
+
 class Undeliverable(Exception):
     """Raised by `Results.encode`: the result cannot be handed back at all, so it must not be stored."""
 
@@ -204,16 +209,15 @@ class Cycle:
         # measured `remaining_ms` (a batch's queued claims) pass it.
         if deadline is None:
             deadline = time.monotonic() + remaining_ms / 1000
-        withdraw_by = deadline - RETURN_MARGIN_MS / 1000
         try:
             record = self._claim(key, owner, remaining_ms, fingerprint)
         except IdempotencyPersistenceLayerError as error:
             if error.uncertain:
-                self._withdraw(key, owner, withdraw_by)
+                self._withdraw(key, owner, _requests_by(deadline))
             raise
         return owner if record is None else record
 
-    def _withdraw(self, key: str, owner: str, deadline: float) -> None:
+    def _withdraw(self, key: str, owner: str, deadline: float | None) -> None:
         # The claim may have landed though it failed (its answer lost, a 5xx), and would block the key until the
         # deadline though the handler never ran. Deleting it under our own owner token is safe either way: it
         # deletes nothing of anyone else's. A claim still in flight may land after this, and then blocks.
@@ -234,9 +238,8 @@ class Cycle:
         uncompleted claim lets the next copy after the invocation's deadline run the handler again. Retrying is
         safe: the write is conditioned on our owner token, so a retry of a write that landed lands again."""
         expires_at = int(self.clock()) + self.ttl_seconds
-        last = retry_by = None
-        if deadline is not None:
-            last, retry_by = deadline - RETURN_MARGIN_MS / 1000, deadline - COMPLETE_MARGIN_MS / 1000
+        last = _requests_by(deadline)
+        retry_by = None if deadline is None else deadline - COMPLETE_MARGIN_MS / 1000
         delay = FIRST_COMPLETE_RETRY_S
         attempt = 1
         while True:
@@ -280,9 +283,8 @@ class Cycle:
     def release(self, key: str, owner: str, deadline: float | None = None) -> None:
         """Delete our claim on `key`, so a retry runs the handler again. Never raises. `deadline`: the
         invocation's, as for `complete`, so the handler's own error reaches the caller before the timeout."""
-        last = None if deadline is None else deadline - RETURN_MARGIN_MS / 1000
         try:
-            if not self.store.release(key, owner, last):
+            if not self.store.release(key, owner, _requests_by(deadline)):
                 logger.warning("claim on key %r was taken over before release; left it alone", key)
         except Exception:
             logger.error("releasing key %r failed; it stays claimed until its deadline", key, exc_info=True)

@@ -58,10 +58,9 @@ class DynamoDBError(Exception):
     connection lost, a 5xx, a damaged reply), or its outcome is not known.
     """
 
-    uncertain: bool = False
-
     def __init__(
-        self, operation: str, code: str, message: str, item: dict | None = None, status: int | None = None
+        self, operation: str, code: str, message: str, item: dict | None = None, status: int | None = None,
+        uncertain: bool = False,
     ) -> None:
         super().__init__(operation, code, message)
         self.operation = operation
@@ -69,6 +68,7 @@ class DynamoDBError(Exception):
         self.message = message
         self.item = item
         self.status = status
+        self.uncertain = uncertain
 
     def __str__(self) -> str:
         return f"DynamoDB {self.operation} failed: {self.code}: {self.message}"
@@ -77,7 +77,8 @@ class DynamoDBError(Exception):
 class Transport(Protocol):
     def call(self, operation: str, params: dict, deadline: float | None = None) -> dict:
         """One request, the transport's retries included. With `deadline` (a `time.monotonic()` value) the call
-        gives up by then: no attempt or backoff runs past it, and the last attempt's timeouts are cut to it."""
+        gives up by then: no backoff runs past it, and every attempt's timeouts are cut so that it ends by
+        `deadline + LAST_CHANCE_S` (see `_time_left`)."""
 
 
 DEADLINE = "InvocationDeadline"  # the code of a call that ran out of the time it was given
@@ -96,8 +97,9 @@ def _time_left(deadline: float) -> float | None:
     return allowed if allowed > 0 else None
 
 
-def _out_of_time(operation: str) -> DynamoDBError:
-    return DynamoDBError(operation, DEADLINE, "the invocation has no time left for this request")
+def _out_of_time(operation: str, uncertain: bool = False) -> DynamoDBError:
+    return DynamoDBError(operation, DEADLINE, "the invocation has no time left for this request",
+                         uncertain=uncertain)
 
 
 def worst_case_s(connect_timeout: float, read_timeout: float, max_attempts: int) -> float:
@@ -106,6 +108,7 @@ def worst_case_s(connect_timeout: float, read_timeout: float, max_attempts: int)
     with a second to spare. DNS lookups and credential refreshes have no timeout of their own."""
     backoff = sum(min(20.0, 2.0**i) + 5.0 for i in range(max_attempts - 1))
     return max_attempts * (connect_timeout + read_timeout) + backoff + 1.0
+
 
 def _within(deadline: float, operation: str, call: Any) -> dict:
     """`call()` on a thread of its own, waited for until `deadline`: for clients whose per-request timeouts
@@ -126,10 +129,9 @@ def _within(deadline: float, operation: str, call: Any) -> dict:
     worker = threading.Thread(target=target, name=f"idempotency-{operation}", daemon=True)
     worker.start()
     worker.join(left)
-    if not outcome:
-        late = DynamoDBError(operation, DEADLINE, f"no answer within the {left:.2f} s the invocation had left")
-        late.uncertain = True  # still in flight: it may land
-        raise late
+    if not outcome:  # still in flight: it may land
+        raise DynamoDBError(operation, DEADLINE, f"no answer within the {left:.2f} s the invocation had left",
+                            uncertain=True)
     done, value = outcome[0]
     if not done:
         raise value
@@ -510,9 +512,7 @@ class LeanTransport:
             if deadline is not None:
                 left = _time_left(deadline)
                 if left is None:  # the backoff overslept the deadline
-                    late = _out_of_time(operation)
-                    late.uncertain = uncertain
-                    raise late
+                    raise _out_of_time(operation, uncertain)
             try:
                 response = self._send(operation, body, left)
             except BotoCoreError as error:
@@ -530,6 +530,7 @@ class LeanTransport:
                         actual_checksum=zlib.crc32(content),
                     )
                     failure = DynamoDBError(operation, ChecksumError.__name__, str(mismatch), None, status)
+                    uncertain = True
                     # botocore's retry check reads the header as an integer: one that is not (empty, hex, two
                     # values) is shown to it as the mismatch it is, not raised as a ValueError.
                     headers = urllib3.HTTPHeaderDict(response.headers)
@@ -540,9 +541,9 @@ class LeanTransport:
                     try:
                         return orjson.loads(content) if content else {}
                     except orjson.JSONDecodeError as error:
-                        damaged = DynamoDBError(operation, "ResponseParserError", str(error), None, status)
-                        damaged.uncertain = True  # it was applied, but nothing says what it answered
-                        raise damaged from None
+                        # It was applied, but nothing says what it answered.
+                        raise DynamoDBError(operation, "ResponseParserError", str(error), None, status,
+                                            uncertain=True) from None
                 else:
                     try:
                         error_part = parse_error(status, response.headers, content)["Error"]
@@ -550,9 +551,8 @@ class LeanTransport:
                     except Exception:  # a body botocore's parser trips on: the status is all there is
                         code, message = str(status), "an error answer that cannot be read"
                     parsed = {"Error": {"Code": code, "Message": message}}
-                    failure = DynamoDBError(
-                        operation, code, message, condition_item(code, content), status
-                    )
+                    failure = DynamoDBError(operation, code, message, condition_item(code, content), status)
+                    uncertain = uncertain or status >= 500  # a 5xx says nothing of whether it was applied
             context = retry.context(
                 operation,
                 attempt,
@@ -561,8 +561,6 @@ class LeanTransport:
                 parsed_response=parsed,
                 caught_exception=caught,
             )
-            if response is not None and (status >= 500 or failure.code == ChecksumError.__name__):
-                uncertain = True
             delay = retry.delay(context)
             if delay is None or (deadline is not None and time.monotonic() + delay >= deadline):
                 failure.uncertain = uncertain
@@ -632,15 +630,13 @@ class Boto3Transport:
             item = response.get("Item") if code == _CHECK_FAILED else None
             metadata = response.get("ResponseMetadata", {})
             status = metadata.get("HTTPStatusCode")
-            failure = DynamoDBError(operation, code, err.get("Message", ""), item, status)
             # botocore does not say how its earlier attempts ended: any of them may have been applied.
-            failure.uncertain = (status or 500) >= 500 or metadata.get("RetryAttempts", 0) > 0
-            raise failure from error
+            uncertain = (status or 500) >= 500 or metadata.get("RetryAttempts", 0) > 0
+            raise DynamoDBError(operation, code, err.get("Message", ""), item, status, uncertain) from error
         except BotoCoreError as error:
-            failure = DynamoDBError(operation, type(error).__name__, str(error))
-            failure.uncertain = failure.code not in _NOT_SENT or self._max_attempts > 1
-            raise failure from error
+            code = type(error).__name__
+            uncertain = code not in _NOT_SENT or self._max_attempts > 1
+            raise DynamoDBError(operation, code, str(error), uncertain=uncertain) from error
         except Exception as error:  # botocore tripped on an answer (e.g. an x-amz-crc32 that is no integer)
-            failure = DynamoDBError(operation, type(error).__name__, "the answer could not be read")
-            failure.uncertain = True
-            raise failure from error
+            raise DynamoDBError(operation, type(error).__name__, "the answer could not be read",
+                                uncertain=True) from error

@@ -122,15 +122,20 @@ def test_batch_records_completions_persist_too(transport, table_name):
     assert runs == ["a", "b"]
 
 
+def _faulted(dynamodb, monkeypatch, operation: str, rates: dict) -> FaultProxy:
+    """A fault proxy that treats `operation` alone at `rates` (a latency spike holds it 4 s), in use."""
+    upstream = urlparse(dynamodb.endpoint)
+    proxy = FaultProxy(upstream.hostname, upstream.port, rates, spike=(4.0, 4.0), operations={operation})
+    monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", proxy.endpoint)
+    return proxy
+
+
 @pytest.mark.parametrize("kind", ["lean", "boto3"])
 def test_a_held_completion_is_given_up_before_the_invocations_deadline(kind, dynamodb, layer_env, table_name,
                                                                         monkeypatch):
     # DynamoDB holds the completion write 4 s; the client would wait 5 s for it, 3 times. An invocation
     # timed out while completing is retried by its caller, and runs again if the write had not landed.
-    upstream = urlparse(dynamodb.endpoint)
-    with FaultProxy(upstream.hostname, upstream.port, {LATENCY: 1.0}, spike=(4.0, 4.0),
-                    operations={"UpdateItem"}) as proxy:
-        monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", proxy.endpoint)
+    with _faulted(dynamodb, monkeypatch, "UpdateItem", {LATENCY: 1.0}) as proxy:
         cycle, _ = cycle_on(make_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=3), table_name)
         runs: list[int] = []
         started = time.monotonic()
@@ -145,9 +150,7 @@ def test_a_held_completion_is_given_up_before_the_invocations_deadline(kind, dyn
 def test_a_claim_whose_reply_was_lost_is_withdrawn(kind, dynamodb, layer_env, table_name, monkeypatch):
     # With one attempt, a claim that landed but whose reply was lost fails the invocation; left there, it would
     # refuse every retry until the deadline though the handler never ran.
-    upstream = urlparse(dynamodb.endpoint)
-    with FaultProxy(upstream.hostname, upstream.port, {DROP_REPLY: 1.0}, operations={"PutItem"}) as proxy:
-        monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", proxy.endpoint)
+    with _faulted(dynamodb, monkeypatch, "PutItem", {DROP_REPLY: 1.0}) as proxy:
         cycle, store = cycle_on(make_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=1), table_name)
         runs: list[int] = []
         with pytest.raises(IdempotencyPersistenceLayerError):
@@ -158,17 +161,10 @@ def test_a_claim_whose_reply_was_lost_is_withdrawn(kind, dynamodb, layer_env, ta
         assert cycle.run(KEY, lambda: runs.append(1) or "placed", LONG) == ("placed", False) and runs == [1]
 
 
-def _held(dynamodb, monkeypatch, operation: str, rates: dict) -> FaultProxy:
-    upstream = urlparse(dynamodb.endpoint)
-    proxy = FaultProxy(upstream.hostname, upstream.port, rates, spike=(4.0, 4.0), operations={operation})
-    monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", proxy.endpoint)
-    return proxy
-
-
 @pytest.mark.parametrize("kind", ["lean", "boto3"])
 def test_a_held_release_hands_the_handlers_error_back_before_the_deadline(kind, dynamodb, layer_env, table_name,
                                                                           monkeypatch):
-    with _held(dynamodb, monkeypatch, "DeleteItem", {LATENCY: 1.0}) as proxy:
+    with _faulted(dynamodb, monkeypatch, "DeleteItem", {LATENCY: 1.0}) as proxy:
         cycle, _ = cycle_on(make_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=3), table_name)
 
         def fails() -> None:
@@ -188,7 +184,7 @@ def test_a_held_batch_is_answered_before_the_deadline_however_many_records(kind,
                                                                           table_name, monkeypatch):
     # 60 completions (or, when the handler raises, releases) on the batch's 10 threads, each held 4 s:
     # unbounded, six rounds of them.
-    with _held(dynamodb, monkeypatch, operation, {LATENCY: 1.0}) as proxy:
+    with _faulted(dynamodb, monkeypatch, operation, {LATENCY: 1.0}) as proxy:
         cycle, _ = cycle_on(make_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=3), table_name)
         runs: list[str] = []
 
@@ -214,7 +210,7 @@ def test_a_held_batch_is_answered_before_the_deadline_however_many_records(kind,
 @pytest.mark.parametrize("kind", ["lean", "boto3"])
 def test_a_refused_claim_is_not_withdrawn(kind, dynamodb, layer_env, table_name, monkeypatch):
     # A throttle says the claim was not applied: nothing to withdraw, and no write to add to a throttled table.
-    with _held(dynamodb, monkeypatch, "PutItem", {THROTTLE: 1.0}) as proxy:
+    with _faulted(dynamodb, monkeypatch, "PutItem", {THROTTLE: 1.0}) as proxy:
         cycle, _ = cycle_on(make_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=1), table_name)
         with pytest.raises(IdempotencyPersistenceLayerError):
             cycle.run(KEY, lambda: pytest.fail("the handler ran"), LONG)

@@ -353,9 +353,8 @@ class World:
         if action == "die-after":
             raise _Died
         if action == "lost":
-            lost = DynamoDBError(operation, "ReadTimeoutError", "Read timeout on endpoint URL")
-            lost.uncertain = True  # as the transports mark an attempt that got no answer
-            raise lost
+            # Uncertain, as the transports mark an attempt that got no answer.
+            raise DynamoDBError(operation, "ReadTimeoutError", "Read timeout on endpoint URL", uncertain=True)
         if action == "lost-retry":  # the SDK sends the same request again, later
             self.gate(invocation, Pending("retry", operation, params))
             reply = self._land(invocation, operation, params)
