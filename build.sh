@@ -65,6 +65,21 @@ os.replace(out + ".tmp", out)
 PY
 }
 
+# An interpreter of exactly Python VERSION: pyenv's install of it, else python3.X on PATH; or nothing.
+bytecode_python() { # VERSION
+  local interp candidates=()
+  if command -v pyenv >/dev/null; then
+    candidates+=("$(pyenv root)"/versions/"$1".*/bin/python"$1")
+  fi
+  candidates+=("python$1")
+  for interp in "${candidates[@]}"; do
+    [[ $("$interp" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) == "$1" ]] || continue
+    echo "$interp"
+    return 0
+  done
+  return 1
+}
+
 build_arch() { # ARCH WITH_BOTO3
   local arch=$1 with_boto3=$2 stage=$ROOT/build/layer-$1 platform py
   case $arch in
@@ -92,6 +107,16 @@ build_arch() { # ARCH WITH_BOTO3
   fi
   find "$stage" \( -name __pycache__ -o -name '*.pyc' \) -prune -exec rm -rf {} +
   rm -rf "$stage/python/bin"
+  # Bytecode of the layer's own modules for each Python this machine can compile for: /opt is read-only on
+  # Lambda, so without it every cold start compiles them from source. Unchecked-hash .pyc files: valid
+  # whatever the files' timestamps (the zip fixes them), and the sources never change under a layer.
+  for py in "${PYTHONS[@]}"; do
+    local interp
+    interp=$(bytecode_python "$py") || continue
+    # A fixed hash seed: frozenset constants are marshalled in hash order, so builds would differ otherwise.
+    PYTHONHASHSEED=0 "$interp" -m compileall -q --invalidation-mode unchecked-hash -d /opt/python/idempotency_layer \
+      "$stage/python/idempotency_layer" >/dev/null
+  done
 
   local zip=dist/idempotency-layer-$arch.zip
   write_zip "$stage" "$zip"
@@ -119,6 +144,10 @@ cmd_build() {
   else
     verify+=(--max-bytes "$MAX_ZIP_BYTES")
   fi
+  local py interp
+  for py in "${PYTHONS[@]}"; do # each Python that compiled bytecode compiles it again to compare
+    interp=$(bytecode_python "$py") && verify+=(--interpreter "$py=$interp")
+  done
   for arch in "${ARCHES[@]}"; do
     "$(host_python)" scripts/verify_layer.py "${verify[@]}" --arch "$arch" "dist/idempotency-layer-$arch.zip"
   done

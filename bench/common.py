@@ -23,6 +23,7 @@ CREDENTIALS = {
 }
 _ITEMS = [{"sku": "BOOK-42", "quantity": 1}, {"sku": "MUG-7", "quantity": 2}]
 SQS_BATCH = 10  # messages per SQS batch on the batch rows (Lambda's default batch size for SQS)
+E2E_POWERTOOLS_TABLE = "bench-e2e-powertools"  # the end-to-end Powertools function's table (bench/rie_bench.py)
 
 
 def event(namespace: str, index: int, size: str = "small", keyed: bool = True) -> dict[str, Any]:

@@ -95,14 +95,19 @@ def _components(table: str) -> list[dict[str, Any]]:
     small_encoded, large_encoded = codec.encode(small), codec.encode(large)
     body = b'{"TableName":"%s","Key":{"id":{"S":"bench#missing"}}}' % table.encode()
 
-    def signed() -> Any:
-        return transport._sign("GetItem", body) if hasattr(transport, "_sign") else _sign(transport, body)
+    from idempotency_layer import fast
+    from idempotency_layer.transport import DynamoDBError, encode_body
 
-    request = signed()
-    headers = dict(request.headers.items())
-    pool = transport._http._pool
-    from idempotency_layer import transport as lean
-    from idempotency_layer.transport import DynamoDBError
+    if not isinstance(transport, fast.FastTransport):
+        raise RuntimeError(f"the bench's layer should run the fast transport, not {type(transport).__name__}")
+    base = {"Content-Type": "application/x-amz-json-1.0", "Host": transport._host,
+            "X-Amz-Target": "DynamoDB_20120810.GetItem"}
+
+    def signed() -> dict:
+        return transport._signer.sign(base, body)
+
+    headers = signed()
+    sender = transport._http
 
     fresh = iter(range(10**9))
     claim_body = {"TableName": table, "Item": {"id": {"S": "bench#parts-existing"}, "n": {"N": "1"}},
@@ -117,15 +122,13 @@ def _components(table: str) -> list[dict[str, Any]]:
     def new_put() -> None:
         transport.call("PutItem", {"TableName": table, "Item": {"id": {"S": f"bench#parts-{next(fresh)}"}}})
 
-    failed = pool.urlopen("POST", "/", body=lean.encode_body(claim_body),
-                          headers={**headers, "X-Amz-Target": "DynamoDB_20120810.PutItem"}, decode_content=False)
-    failed_answer = (failed.status, failed.headers, failed.data)
+    failed = sender.send({**headers, "X-Amz-Target": "DynamoDB_20120810.PutItem"}, encode_body(claim_body))
+    decider = fast.Retry(3)
 
     def retry_decision() -> None:
-        parsed = lean.parse_error(*failed_answer)
-        context = transport.retry.context("PutItem", 1, {}, http_response=lean._Response(*failed_answer),
-                                          parsed_response=parsed)
-        transport.retry.delay(context)
+        decider.capacity = 500  # a fresh quota each time, so every call takes the whole decision
+        code, _ = fast.parse_error(failed.status, failed.body)
+        decider.delay("PutItem", 1, status=failed.status, code=code, headers=failed.headers)
 
     def whole(kind: str) -> Any:
         counter = iter(range(10**9))
@@ -139,7 +142,7 @@ def _components(table: str) -> list[dict[str, Any]]:
         ("whole replay, back to back (not in lockstep)", whole("replay"), 200),
         ("transport.call, PutItem that succeeds", new_put, 300),
         ("transport.call, conditional PutItem that fails with ALL_OLD (a replay's claim)", failed_claim, 300),
-        ("  of which error parsing + retry decision (botocore JSONParser, standard retry checks)",
+        ("  of which error parsing + retry decision (fast.parse_error, fast.Retry)",
          retry_decision, 2000),
         ("key derivation (KeyDeriver.key)", lambda: interceptor._keys.key(event("parts", 1)), 2000),
         ("owner token (os.urandom(16).hex())", lambda: os.urandom(16).hex(), 5000),
@@ -147,25 +150,13 @@ def _components(table: str) -> list[dict[str, Any]]:
         ("codec.encode, 100 KB result (orjson + zlib level 1)", lambda: codec.encode(large), 50),
         ("codec.decode, small result", lambda: codec.decode(small_encoded), 5000),
         ("codec.decode, 100 KB result", lambda: codec.decode(large_encoded), 50),
-        ("AWSRequest + SigV4, one request", signed, 2000),
-        ("urllib3 round trip, one request (pool.urlopen, already signed)",
-         lambda: pool.urlopen("POST", "/", body=body, headers=headers, decode_content=False).data, 300),
+        ("SigV4 (sigv4.Signer), one request", signed, 2000),
+        ("HTTP round trip, one request (fast.Sender.send, already signed)",
+         lambda: sender.send(headers, body), 300),
         ("whole transport.call, one GetItem (sign + send + parse + retry bookkeeping)",
          lambda: transport.call("GetItem", {"TableName": table, "Key": {"id": {"S": "bench#missing"}}}), 300),
     ]
     return [{"part": name, "ms": _per_call_ms(function, n)} for name, function, n in parts]
-
-
-def _sign(transport: Any, body: bytes) -> Any:
-    # What LeanTransport._send does before it sends: the request, frozen credentials, SigV4.
-    from botocore.awsrequest import AWSRequest
-
-    from idempotency_layer.transport import _SigV4Auth
-
-    headers = {"X-Amz-Target": "DynamoDB_20120810.GetItem", **transport._header_base}
-    request = AWSRequest(method="POST", url=transport._url, data=body, headers=headers)
-    _SigV4Auth(transport._credentials.get_frozen_credentials(), "dynamodb", transport.region).add_auth(request)
-    return request
 
 
 def _child(table: str) -> None:

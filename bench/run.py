@@ -4,8 +4,10 @@
 
 One run, one DynamoDB Local behind one counting proxy, the same events for every system:
   1. steady state in-process (bench/inprocess.py): wall, CPU, requests and bytes per invocation, per path;
-  2. init in fresh processes (bench/initbench.py): time and peak RSS to "ready for the first event";
-  3. end to end under the Runtime Interface Emulator (bench/rie_bench.py): the function with and without it;
+  2. init in fresh processes (bench/initbench.py): time and peak RSS to "ready for the first event", against
+     the proxy over http and, through a TLS forwarder on loopback (bench/tls.py), over https;
+  3. end to end under the Runtime Interface Emulator (bench/rie_bench.py): the function bare, with the layer and
+     with Powertools;
   4. where the layer's hot path spends its CPU (bench/profile_hot.py): parts timed alone, and cProfile.
 It reports; it asserts nothing about speed. Output: a table on stdout, bench/results.json, bench/ratios.png.
 """
@@ -22,7 +24,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # tests.support
 
 import inprocess
 import report
-from common import BENCH, CREDENTIALS, SQS_BATCH, SYSTEMS
+from common import BENCH, CREDENTIALS, E2E_POWERTOOLS_TABLE, SQS_BATCH, SYSTEMS
 
 from tests.support.counting_proxy import CountingProxy
 from tests.support.dynamodb_local import DynamoDBLocal, create_table
@@ -43,6 +45,8 @@ def _tables(endpoint: str) -> dict[str, str]:
         tables[system] = name
     # The init probes' table (bench/initbench.py): the layer checks its table's key schema at init.
     create_table(client, "bench-init", ttl_attr="expires_at")
+    # The end-to-end Powertools function's (bench/rie_bench.py; the layer's function uses bench-layer).
+    create_table(client, E2E_POWERTOOLS_TABLE, ttl_attr="expiration")
     return tables
 
 
@@ -84,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
                 import initbench
 
                 print(f"==> init: {init_samples} fresh processes per system", file=sys.stderr)
-                results["init"] = initbench.measure(init_samples, proxy.endpoint, Path(tmp))
+                # The https rows go through a TLS forwarder straight to DynamoDB Local (one hop, as the proxy).
+                results["init"] = initbench.measure(init_samples, proxy.endpoint, Path(tmp),
+                                                    tls_upstream=("127.0.0.1", ddb.port))
             if not args.no_e2e:
                 import rie_bench
 

@@ -8,6 +8,7 @@ claim's owner token, so an invocation never completes or deletes a claim that an
 from __future__ import annotations
 
 import base64
+import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -15,6 +16,8 @@ from . import codec
 from .config import Attributes
 from .errors import IdempotencyConfigurationError, IdempotencyPersistenceLayerError
 from .transport import DynamoDBError, Transport
+
+_logger = logging.getLogger("idempotency_layer")
 
 INPROGRESS = "INPROGRESS"
 COMPLETED = "COMPLETED"
@@ -57,7 +60,8 @@ class Store(Protocol):
         (`time.monotonic()`): give up by then, with `IdempotencyPersistenceLayerError`."""
 
     def release(self, key: str, owner: str, deadline: float | None = None) -> bool:
-        """Delete our claim. False: the claim is no longer ours, and nothing was deleted."""
+        """Delete our claim. True: it is gone (deleted now, or already: a request sent again whose first copy
+        landed). False: another invocation's record is there, and nothing was deleted."""
 
     def get(self, key: str) -> Record | None: ...
 
@@ -269,11 +273,17 @@ class DynamoDBStore:
             "ConditionExpression": "#o = :me",
             "ExpressionAttributeNames": self._owner_names,
             "ExpressionAttributeValues": {":me": {"S": owner}},
+            # What failed the condition tells a record someone else holds from one already gone.
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
         try:
             self._call("DeleteItem", key, params, deadline)
-        except DynamoDBError:
-            return False
+        except DynamoDBError as error:
+            if error.item is not None:
+                return False
+            # Nothing there: our own delete already landed (its answer lost, the request sent again after a
+            # dropped connection or retried), or the record expired and was removed. Either way not taken over.
+            _logger.info("claim on key %r was already gone at release", key)
         return True
 
     def get(self, key: str) -> Record | None:

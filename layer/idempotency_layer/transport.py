@@ -1,51 +1,35 @@
 """How requests reach DynamoDB: `lean` (the default) or `boto3`, behind one `Transport` interface.
 
-`lean` speaks the DynamoDB JSON 1.0 protocol itself over one kept-alive urllib3 pool, and borrows the rest
-from botocore: the credential provider chain, SigV4 signing, region and endpoint resolution (endpoint rule
-set, configured endpoint URLs), CA bundle and proxy settings, error parsing, and the standard retry mode's
-conditions, backoff and retry quota. What it skips is the part of a boto3 call that costs the CPU: the
-service model, parameter validation and (de)serialization by shape, and the event hooks. `boto3` is a plain
-boto3 client, for anyone who wants exactly that.
+`lean` speaks the DynamoDB JSON 1.0 protocol itself. In the plain Lambda zip case (static credentials and a
+region in the environment, nothing that changes where or how requests go; `fast.plain_lambda`) it needs no
+botocore at all: `fast` signs with `sigv4`, sends over kept-alive connections of its own and retries as
+botocore's standard mode does. In every other case `botocore_transport.LeanTransport` borrows from botocore:
+the credential provider chain, SigV4 signing, region and endpoint resolution (endpoint rule set, configured
+endpoint URLs), CA bundle and proxy settings, error parsing, and the standard retry mode. Neither has the part
+of a boto3 call that costs the CPU: the service model, parameter validation and (de)serialization by shape,
+and the event hooks. `boto3` is a plain boto3 client, for anyone who wants exactly that.
 
 Responses are what DynamoDB sent, parsed: `lean` leaves `B` values as the wire's base64 text where boto3
-decodes them to bytes, and adds no `ResponseMetadata`.
+decodes them to bytes, and adds no `ResponseMetadata`. botocore is imported only when a path needs it.
 """
 
 from __future__ import annotations
 
 import base64
 import os
-import socket
+import re
 import threading
 import time
 import zlib
-from hashlib import sha256
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
-from urllib.parse import urlsplit
+from collections.abc import Mapping
+from typing import Any, Protocol
 
-# What the lean hot path needs; botocore.session (init only) and boto3 (the boto3 transport) load on demand.
 import orjson
-import urllib3
-from botocore import exceptions as bce
-from botocore.auth import SigV4Auth, _host_from_url
-from botocore.awsrequest import AWSRequest
-from botocore.exceptions import BotoCoreError, ChecksumError, NoRegionError
-from botocore.parsers import JSONParser
-from botocore.retries import quota, standard
-
-if TYPE_CHECKING:
-    from botocore.session import Session
 
 __all__ = ["DynamoDBError", "Transport", "make_transport"]
 
-_SERVICE = "dynamodb"
-_API_VERSION = "2012-08-10"
-_TARGET_PREFIX = "DynamoDB_20120810."
-_CONTENT_TYPE = "application/x-amz-json-1.0"
 _CRC32_HEADER = "x-amz-crc32"
 _CHECK_FAILED = "ConditionalCheckFailedException"
-_MAX_POOL_CONNECTIONS = 10  # botocore's default
-
 
 class DynamoDBError(Exception):
     """A DynamoDB request failed, after the transport's retries.
@@ -138,68 +122,67 @@ def _within(deadline: float, operation: str, call: Any) -> dict:
     return value
 
 
-def make_transport(kind: str, *, connect_timeout: float, read_timeout: float, max_attempts: int) -> Transport:
-    """Build the transport named by `kind` (`lean` or `boto3`). `max_attempts` counts the first attempt."""
+class UnsendableCredentials(ValueError):
+    """A credential variable holds what cannot go into an HTTP header; the message names it, never its value."""
+
+
+# What http.client refuses in a header value (botocore's requests then fail with the value in the message), or
+# what would end the header and start another: refused at init instead, on every path.
+_UNSENDABLE = re.compile(r"[\r\n\x00]|[^\x00-\xff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # what os.environ makes of bytes that are not UTF-8
+
+
+def check_sendable(environ: Mapping[str, str]) -> None:
+    """Refuse credentials in the environment that would be sent in a header they could break (a CR or LF:
+    header injection) or that cannot be sent (not Latin-1), naming the variable, never its value."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN"):
+        value = environ.get(name)
+        if value and _UNSENDABLE.search(value):
+            raise UnsendableCredentials(
+                f"{name} holds a character that cannot be sent in an HTTP header (a carriage return, line feed, "
+                "NUL, or one outside Latin-1); set it to the credential exactly as issued"
+            )
+    # The secret is never sent, but signing encodes it as UTF-8: bytes that are not UTF-8 (kept by Python as
+    # lone surrogates) would fail every request with the secret inside the UnicodeEncodeError.
+    # Looked for, not tried: a failed encode would keep the secret in the exception's context.
+    secret = environ.get("AWS_SECRET_ACCESS_KEY")
+    if secret and _SURROGATE.search(secret):
+        raise UnsendableCredentials(
+            "AWS_SECRET_ACCESS_KEY holds bytes that are not UTF-8, so no request could be signed with it; set it "
+            "to the credential exactly as issued"
+        )
+
+
+def make_transport(
+    kind: str, *, connect_timeout: float, read_timeout: float, max_attempts: int, fast: bool | None = None
+) -> Transport:
+    """Build the transport named by `kind` (`lean` or `boto3`). `max_attempts` counts the first attempt.
+
+    `lean` is the botocore-free fast transport when the environment allows it (`fast=False` forces the
+    botocore-based one, for tests and comparisons; `fast=True` requires the fast one).
+    """
     if max_attempts < 1:
         raise ValueError(f"max_attempts must be at least 1, not {max_attempts}")
+    options = {"connect_timeout": connect_timeout, "read_timeout": read_timeout, "max_attempts": max_attempts}
+    if kind in ("lean", "boto3"):
+        check_sendable(os.environ)  # on every path: botocore would fail each request, the value in its message
     if kind == "lean":
-        return LeanTransport(connect_timeout=connect_timeout, read_timeout=read_timeout, max_attempts=max_attempts)
+        if fast is not False:
+            from .fast import FastTransport, plain_lambda
+
+            plan = plain_lambda(os.environ)
+            if plan is not None:
+                return FastTransport(plan, **options)
+            if fast:
+                raise ValueError("the environment is not the plain Lambda case the fast transport serves")
+        from .botocore_transport import LeanTransport
+
+        return LeanTransport(**options)
     if kind == "boto3":
-        return Boto3Transport(connect_timeout=connect_timeout, read_timeout=read_timeout, max_attempts=max_attempts)
+        from .botocore_transport import Boto3Transport
+
+        return Boto3Transport(**options)
     raise ValueError(f"unknown transport {kind!r}: expected 'lean' or 'boto3'")
-
-
-def resolve_region(session: Session) -> str | None:
-    # botocore reads only AWS_DEFAULT_REGION and the config file; Lambda also sets AWS_REGION (other SDKs read it).
-    return session.get_config_variable("region") or os.environ.get("AWS_REGION") or None
-
-
-# -- lean ----------------------------------------------------------------------------------------------------
-
-
-class _ErrorShape(NamedTuple):
-    name: str
-    metadata: dict
-
-
-class _ServiceModel(NamedTuple):
-    service_name: str
-
-
-class _OperationModel(NamedTuple):
-    name: str
-    error_shapes: tuple[_ErrorShape, ...]
-    service_model: _ServiceModel
-
-
-# The part of the DynamoDB service model that botocore's standard retry mode reads: each operation's modeled
-# errors (a 429 is a throttle only when its code is not one of them) and which are marked retryable.
-# tests/unit/test_transport.py checks this against the installed botocore's model.
-_RETRYABLE_CONFLICT = _ErrorShape("ReplicatedWriteConflictException", {"retryable": {"throttling": False}})
-_COMMON_ERRORS = tuple(
-    _ErrorShape(name, {})
-    for name in (
-        "ProvisionedThroughputExceededException",
-        "ResourceNotFoundException",
-        "RequestLimitExceeded",
-        "InternalServerError",
-        "ThrottlingException",
-    )
-)
-_WRITE_ERRORS = (
-    *_COMMON_ERRORS,
-    _ErrorShape(_CHECK_FAILED, {}),
-    _ErrorShape("ItemCollectionSizeLimitExceededException", {}),
-    _ErrorShape("TransactionConflictException", {}),
-    _RETRYABLE_CONFLICT,
-)
-_DYNAMODB = _ServiceModel(_SERVICE)
-_OPERATIONS = {
-    "PutItem": _OperationModel("PutItem", _WRITE_ERRORS, _DYNAMODB),
-    "UpdateItem": _OperationModel("UpdateItem", _WRITE_ERRORS, _DYNAMODB),
-    "DeleteItem": _OperationModel("DeleteItem", _WRITE_ERRORS, _DYNAMODB),
-    "GetItem": _OperationModel("GetItem", _COMMON_ERRORS, _DYNAMODB),
-}
 
 
 def _encode_default(value: Any) -> Any:
@@ -227,18 +210,6 @@ def crc32_ok(headers: Any, body: bytes) -> bool:
         return False
 
 
-_error_parser = JSONParser()
-
-
-def parse_error(status: int, headers: Any, body: bytes) -> dict:
-    """The error of a non-2xx answer, the way boto3 parses it: `{"Error": {"Code": ..., "Message": ...}}`.
-
-    botocore's JSON parser strips `com.amazonaws.dynamodb.v20120810#`, reads `message`/`Message`, and turns
-    an empty or HTML 5xx body (a load balancer's) into code `"503"` and the status's reason.
-    """
-    return _error_parser.parse({"status_code": status, "headers": headers, "body": body}, None)
-
-
 def condition_item(code: str, body: bytes) -> dict | None:
     """The old `Item` that DynamoDB returns with a failed condition, when asked for ALL_OLD."""
     if code != _CHECK_FAILED:
@@ -250,393 +221,28 @@ def condition_item(code: str, body: bytes) -> dict | None:
     return item if isinstance(item, dict) else None
 
 
-class _RetryPolicy:
-    """botocore's standard retry mode, driven by hand: the same conditions, backoff and retry quota.
-
-    Retries throttles (1 s base) and transient errors (5xx, connection errors, timeouts, a CRC32 mismatch;
-    DynamoDB's 25 ms base), full jitter, capped at 20 s, `x-amz-retry-after` honoured, `max_attempts` in all.
-    """
-
-    def __init__(self, max_attempts: int, sleep: Any = time.sleep, random: Any = None) -> None:
-        throttling = standard.ThrottlingErrorDetector(standard.RetryEventAdapter())
-        jitter = {} if random is None else {"random": random}  # tests pin the jitter
-        backoff = standard.ExponentialBackoff(service_name=_SERVICE, throttling_detector=throttling, **jitter)
-        self.max_attempts = max_attempts
-        self._policy = standard.RetryPolicy(
-            retry_checker=standard.StandardRetryConditions(max_attempts=max_attempts), retry_backoff=backoff
-        )
-        self._quota = standard.RetryQuotaChecker(quota.RetryQuota(), throttling)
-        self._sleep = sleep
-
-    def context(
-        self,
-        operation: str,
-        attempt: int,
-        request_context: dict,
-        *,
-        http_response: Any = None,
-        parsed_response: dict | None = None,
-        caught_exception: Exception | None = None,
-    ) -> standard.RetryContext:
-        return standard.RetryContext(
-            attempt_number=attempt,
-            operation_model=_OPERATIONS.get(operation) or _OperationModel(operation, (), _DYNAMODB),
-            parsed_response=parsed_response,
-            http_response=http_response,
-            caught_exception=caught_exception,
-            request_context=request_context,
-        )
-
-    def delay(self, context: standard.RetryContext) -> float | None:
-        """Seconds to wait before the next attempt, or None: give up."""
-        if self._policy.should_retry(context) and self._quota.acquire_retry_quota(context):
-            return self._policy.compute_retry_delay(context)
-        return None
-
-    def wait(self, seconds: float) -> None:
-        self._sleep(seconds)
-
-    def succeeded(self, request_context: dict, http_response: Any) -> None:
-        self._quota.release_retry_quota(request_context, http_response)
-
-
-def configured_endpoint(session: Session) -> str | None:
-    """The endpoint URL the user configured for DynamoDB, as a boto3 client would find it.
-
-    AWS_ENDPOINT_URL_DYNAMODB, AWS_ENDPOINT_URL, then the config file's `services` section and `endpoint_url`;
-    none of them under AWS_IGNORE_CONFIGURED_ENDPOINT_URLS / `ignore_configured_endpoint_urls`.
-    """
-    from botocore.utils import ensure_boolean
-
-    if ensure_boolean(session.get_config_variable("ignore_configured_endpoint_urls") or False):
-        return None
-    try:
-        from botocore.configprovider import ConfiguredEndpointProvider  # botocore >= 1.31, marked private
-    except ImportError:  # pragma: no cover - older botocore: the two environment variables only
-        return os.environ.get("AWS_ENDPOINT_URL_DYNAMODB") or os.environ.get("AWS_ENDPOINT_URL") or None
-    provider = ConfiguredEndpointProvider(
-        full_config=session.full_config, scoped_config=session.get_scoped_config(), client_name=_SERVICE
+# What lived here before the botocore-based parts moved to botocore_transport; reached lazily.
+_MOVED = frozenset(
+    (
+        "Boto3Transport",
+        "LeanTransport",
+        "configured_endpoint",
+        "parse_error",
+        "regional_endpoint",
+        "resolve_region",
+        "_OPERATIONS",
+        "_PoolHTTP",
+        "_RetryPolicy",
+        "_SessionHTTP",
+        "_SigV4Auth",
+        "_Response",
     )
-    return provider.provide() or None
+)
 
 
-def regional_endpoint(session: Session, region: str, account_id: str | None = None) -> str:
-    """DynamoDB's endpoint for `region` from botocore's endpoint rule set (partitions, FIPS, dual-stack,
-    account-based endpoints), without the service model a boto3 client loads."""
-    from botocore.endpoint_provider import EndpointProvider
-    from botocore.exceptions import DataNotFoundError
-    from botocore.utils import ensure_boolean
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        from . import botocore_transport
 
-    loader = session.get_component("data_loader")
-    try:  # by path: finding the latest API version lists every service's directory (~10 ms)
-        ruleset = loader.load_data(f"{_SERVICE}/{_API_VERSION}/endpoint-rule-set-1")
-    except DataNotFoundError:  # pragma: no cover - a botocore that moved its data
-        ruleset = loader.load_service_model(_SERVICE, "endpoint-rule-set-1")
-    provider = EndpointProvider(ruleset_data=ruleset, partition_data=loader.load_data("partitions"))
-    params: dict[str, Any] = {
-        "Region": region,
-        "UseFIPS": ensure_boolean(session.get_config_variable("use_fips_endpoint") or False),
-        "UseDualStack": ensure_boolean(session.get_config_variable("use_dualstack_endpoint") or False),
-    }
-    mode = session.get_config_variable("account_id_endpoint_mode")
-    if mode:
-        params["AccountIdEndpointMode"] = mode
-        if account_id and mode != "disabled":
-            params["AccountId"] = account_id
-    return provider.resolve_endpoint(**params).url
-
-
-class _Response(NamedTuple):
-    # The three things botocore's retry checkers read from a response (as on its AWSResponse).
-    status_code: int
-    headers: Any  # case-insensitive mapping
-    content: bytes
-
-
-class _PoolHTTP:
-    """One urllib3 connection pool to the endpoint, kept alive across calls.
-
-    It is botocore's URLLib3Session.send without its per-request URL parsing, pool lookup and header copying
-    (~70 us of CPU a call here); urllib3's exceptions become the same botocore ones that send raises, so the
-    error codes and the retry decisions are the boto3 client's.
-    """
-
-    def __init__(self, endpoint: str, timeout: tuple[float, float], verify: Any, socket_options: list) -> None:
-        from botocore.httpsession import create_urllib3_context, get_cert_path
-
-        self._endpoint = endpoint
-        self._path = urlsplit(endpoint).path or "/"
-        self._timeout = timeout
-        options: dict[str, Any] = {
-            "timeout": urllib3.Timeout(connect=timeout[0], read=timeout[1]),
-            "maxsize": _MAX_POOL_CONNECTIONS,
-            "retries": False,
-            "socket_options": socket_options,
-        }
-        if endpoint.lower().startswith("https:"):
-            options["ssl_context"] = create_urllib3_context()
-            options["cert_reqs"] = "CERT_REQUIRED" if verify else "CERT_NONE"
-            options["ca_certs"] = get_cert_path(verify) if verify else None
-        self._pool = urllib3.connection_from_url(endpoint, **options)
-
-    bounded = True  # send() takes `left`: its timeouts are cut to the time left
-
-    def send(self, request: AWSRequest, body: bytes, left: float | None = None) -> _Response:
-        errors = urllib3.exceptions
-        extra: dict[str, Any] = {}
-        if left is not None:
-            # `total` bounds connecting and reading together (each recv() still has the read timeout of its own).
-            extra["timeout"] = urllib3.Timeout(
-                total=left, connect=min(self._timeout[0], left), read=min(self._timeout[1], left)
-            )
-        try:
-            raw = self._pool.urlopen(
-                "POST", self._path, body=body, headers=dict(request.headers.items()), decode_content=False, **extra
-            )
-            return _Response(raw.status, raw.headers, raw.data)
-        # The mapping of botocore.httpsession.URLLib3Session.send, in its order (NewConnectionError is a
-        # urllib3 ConnectTimeoutError).
-        except errors.SSLError as error:
-            raise bce.SSLError(endpoint_url=self._endpoint, error=error) from error
-        except (errors.NewConnectionError, socket.gaierror) as error:
-            raise bce.EndpointConnectionError(endpoint_url=self._endpoint, error=error) from error
-        except errors.ConnectTimeoutError as error:
-            raise bce.ConnectTimeoutError(endpoint_url=self._endpoint, error=error) from error
-        except errors.ReadTimeoutError as error:
-            raise bce.ReadTimeoutError(endpoint_url=self._endpoint, error=error) from error
-        except errors.ProtocolError as error:
-            raise bce.ConnectionClosedError(error=error, request=request, endpoint_url=self._endpoint) from error
-        except Exception as error:
-            raise bce.HTTPClientError(error=error) from error
-
-
-class _SessionHTTP:
-    """botocore's own HTTP session, for an endpoint reached through a proxy (HTTPS_PROXY and friends)."""
-
-    def __init__(
-        self, endpoint: str, timeout: tuple[float, float], verify: Any, socket_options: list, proxies: dict
-    ) -> None:
-        from botocore.httpsession import URLLib3Session
-
-        self._session = URLLib3Session(
-            verify=verify,
-            proxies=proxies,
-            timeout=timeout,
-            max_pool_connections=_MAX_POOL_CONNECTIONS,
-            socket_options=socket_options,
-        )
-
-    bounded = False  # botocore's session keeps its timeouts: a bounded call waits for it on a thread
-
-    def send(self, request: AWSRequest, body: bytes, left: float | None = None) -> Any:
-        return self._session.send(request.prepare())
-
-
-class _SigV4Auth(SigV4Auth):
-    """botocore's SigV4, hashing the body bytes as they are: `request.body` would prepare the request again."""
-
-    def payload(self, request: AWSRequest) -> str:
-        return sha256(request.data).hexdigest()
-
-
-class LeanTransport:
-    """DynamoDB JSON 1.0 over botocore's credentials, SigV4, endpoint rules and standard-mode retries."""
-
-    def __init__(
-        self,
-        *,
-        connect_timeout: float,
-        read_timeout: float,
-        max_attempts: int,
-        session: Session | None = None,
-        sleep: Any = time.sleep,
-    ) -> None:
-        from botocore import __version__ as botocore_version
-        from botocore.utils import get_environ_proxies, is_valid_endpoint_url, is_valid_ipv6_endpoint_url
-
-        if session is None:
-            from botocore.session import Session
-
-            session = Session()
-        # The whole provider chain; a RefreshableCredentials refreshes itself, so it is frozen per request.
-        self._credentials = session.get_credentials()
-        region = resolve_region(session)
-        if not region:
-            raise NoRegionError()
-        self.region = region
-        endpoint = configured_endpoint(session)
-        if endpoint is None:
-            account_id = None
-            if self._credentials is not None:
-                account_id = getattr(self._credentials.get_frozen_credentials(), "account_id", None)
-            endpoint = regional_endpoint(session, region, account_id)
-        if not (is_valid_endpoint_url(endpoint) or is_valid_ipv6_endpoint_url(endpoint)):
-            raise ValueError(f"Invalid endpoint: {endpoint}")
-        self.endpoint = endpoint
-        self._url = endpoint if urlsplit(endpoint).path else endpoint + "/"  # JSON 1.0 POSTs to the root
-        user_agent = f"idempotency-layer Botocore/{botocore_version} md/transport#lean"
-        self._headers: dict[str, dict[str, str]] = {}
-        # Host given up front: SigV4Auth would otherwise parse the URL for it twice per request.
-        self._header_base = {"Content-Type": _CONTENT_TYPE, "User-Agent": user_agent, "Host": _host_from_url(endpoint)}
-        self.retry = _RetryPolicy(max_attempts, sleep)
-        self._worst_case = worst_case_s(connect_timeout, read_timeout, max_attempts)
-        # What a boto3 client's endpoint would use: CA bundle, TCP options, proxies from the environment.
-        verify = session.get_config_variable("ca_bundle") or os.environ.get("REQUESTS_CA_BUNDLE") or True
-        socket_options = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
-        if session.get_config_variable("tcp_keepalive"):
-            socket_options.append((socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1))
-        timeout = (connect_timeout, read_timeout)
-        proxies = get_environ_proxies(endpoint)
-        self._http: _PoolHTTP | _SessionHTTP
-        if proxies.get(urlsplit(endpoint).scheme):
-            self._http = _SessionHTTP(endpoint, timeout, verify, socket_options, proxies)
-        else:
-            self._http = _PoolHTTP(endpoint, timeout, verify, socket_options)
-
-    def call(self, operation: str, params: dict, deadline: float | None = None) -> dict:
-        if deadline is not None and not self._http.bounded and deadline - time.monotonic() < self._worst_case:
-            return _within(deadline, operation, lambda: self._call(operation, params, deadline))
-        return self._call(operation, params, deadline)
-
-    def _call(self, operation: str, params: dict, deadline: float | None) -> dict:
-        body = encode_body(params)
-        retry = self.retry
-        request_context: dict = {}
-        attempt = 1
-        uncertain = False  # an attempt of this call may have been applied
-        while True:
-            response = None
-            parsed = None
-            caught: Exception | None = None
-            left = None
-            if deadline is not None:
-                left = _time_left(deadline)
-                if left is None:  # the backoff overslept the deadline
-                    raise _out_of_time(operation, uncertain)
-            try:
-                response = self._send(operation, body, left)
-            except BotoCoreError as error:
-                caught = error
-                failure = DynamoDBError(operation, type(error).__name__, str(error))
-                uncertain = uncertain or failure.code not in _NOT_SENT
-            else:
-                content = response.content
-                status = response.status_code
-                if not crc32_ok(response.headers, content):
-                    # Damaged on the way: nothing in the body can be trusted, so it is not parsed.
-                    mismatch = ChecksumError(
-                        checksum_type="crc32",
-                        expected_checksum=response.headers.get(_CRC32_HEADER),
-                        actual_checksum=zlib.crc32(content),
-                    )
-                    failure = DynamoDBError(operation, ChecksumError.__name__, str(mismatch), None, status)
-                    uncertain = True
-                    # botocore's retry check reads the header as an integer: one that is not (empty, hex, two
-                    # values) is shown to it as the mismatch it is, not raised as a ValueError.
-                    headers = urllib3.HTTPHeaderDict(response.headers)
-                    headers[_CRC32_HEADER] = str((zlib.crc32(content) + 1) & 0xFFFFFFFF)
-                    response = _Response(status, headers, content)
-                elif status < 300:
-                    retry.succeeded(request_context, response)
-                    try:
-                        return orjson.loads(content) if content else {}
-                    except orjson.JSONDecodeError as error:
-                        # It was applied, but nothing says what it answered.
-                        raise DynamoDBError(operation, "ResponseParserError", str(error), None, status,
-                                            uncertain=True) from None
-                else:
-                    try:
-                        error_part = parse_error(status, response.headers, content)["Error"]
-                        code, message = str(error_part["Code"]), str(error_part["Message"])
-                    except Exception:  # a body botocore's parser trips on: the status is all there is
-                        code, message = str(status), "an error answer that cannot be read"
-                    parsed = {"Error": {"Code": code, "Message": message}}
-                    failure = DynamoDBError(operation, code, message, condition_item(code, content), status)
-                    uncertain = uncertain or status >= 500  # a 5xx says nothing of whether it was applied
-            context = retry.context(
-                operation,
-                attempt,
-                request_context,
-                http_response=response,
-                parsed_response=parsed,
-                caught_exception=caught,
-            )
-            delay = retry.delay(context)
-            if delay is None or (deadline is not None and time.monotonic() + delay >= deadline):
-                failure.uncertain = uncertain
-                raise failure from caught
-            retry.wait(delay)
-            attempt += 1
-
-    def _send(self, operation: str, body: bytes, left: float | None = None) -> Any:
-        headers = self._headers.get(operation)
-        if headers is None:
-            headers = self._headers[operation] = {"X-Amz-Target": _TARGET_PREFIX + operation, **self._header_base}
-        request = AWSRequest(method="POST", url=self._url, data=body, headers=headers)
-        credentials = self._credentials
-        # Signed per attempt: a fresh X-Amz-Date, and credentials refreshed when they near expiry.
-        frozen = None if credentials is None else credentials.get_frozen_credentials()
-        _SigV4Auth(frozen, _SERVICE, self.region).add_auth(request)
-        return self._http.send(request, body, left)
-
-
-# -- boto3 ---------------------------------------------------------------------------------------------------
-
-
-class Boto3Transport:
-    """A plain boto3 client; its errors reshaped into DynamoDBError."""
-
-    def __init__(self, *, connect_timeout: float, read_timeout: float, max_attempts: int) -> None:
-        import boto3
-        from botocore.config import Config
-        from botocore.exceptions import ClientError
-
-        self._client_error = ClientError
-        # botocore's `max_attempts` counts retries only; `total_max_attempts` counts the first attempt too.
-        config = Config(
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            retries={"total_max_attempts": max_attempts, "mode": "standard"},
-        )
-        self._worst_case = worst_case_s(connect_timeout, read_timeout, max_attempts)
-        self._max_attempts = max_attempts
-        try:
-            self.client = boto3.client(_SERVICE, config=config)
-        except NoRegionError:
-            # botocore reads only AWS_DEFAULT_REGION and the config file; Lambda also sets AWS_REGION.
-            if not os.environ.get("AWS_REGION"):
-                raise
-            self.client = boto3.client(_SERVICE, region_name=os.environ["AWS_REGION"], config=config)
-        self._methods: dict[str, Any] = {}
-
-    def call(self, operation: str, params: dict, deadline: float | None = None) -> dict:
-        # A client's timeouts are fixed: when the call might outlast the deadline, it is waited for on a thread.
-        if deadline is not None and deadline - time.monotonic() < self._worst_case:
-            return _within(deadline, operation, lambda: self._call(operation, params))
-        return self._call(operation, params)
-
-    def _call(self, operation: str, params: dict) -> dict:
-        method = self._methods.get(operation)
-        if method is None:
-            from botocore import xform_name
-
-            method = self._methods[operation] = getattr(self.client, xform_name(operation))
-        try:
-            return method(**params)
-        except self._client_error as error:
-            response = error.response
-            err = response.get("Error", {})
-            code = err.get("Code", "")
-            item = response.get("Item") if code == _CHECK_FAILED else None
-            metadata = response.get("ResponseMetadata", {})
-            status = metadata.get("HTTPStatusCode")
-            # botocore does not say how its earlier attempts ended: any of them may have been applied.
-            uncertain = (status or 500) >= 500 or metadata.get("RetryAttempts", 0) > 0
-            raise DynamoDBError(operation, code, err.get("Message", ""), item, status, uncertain) from error
-        except BotoCoreError as error:
-            code = type(error).__name__
-            uncertain = code not in _NOT_SENT or self._max_attempts > 1
-            raise DynamoDBError(operation, code, str(error), uncertain=uncertain) from error
-        except Exception as error:  # botocore tripped on an answer (e.g. an x-amz-crc32 that is no integer)
-            raise DynamoDBError(operation, type(error).__name__, "the answer could not be read",
-                                uncertain=True) from error
+        return getattr(botocore_transport, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,7 +6,7 @@ import pytest
 
 from idempotency_layer.config import Attributes
 from idempotency_layer.store import DynamoDBStore
-from idempotency_layer.transport import make_transport
+from tests.conftest import TRANSPORTS, build_transport
 from tests.support.counting_proxy import CountingProxy
 from tests.support.dynamodb_local import create_table
 
@@ -24,10 +24,10 @@ def table_name(table):
     return getattr(table, "name", table)
 
 
-@pytest.fixture(params=["lean", "boto3"])
+@pytest.fixture(params=TRANSPORTS)
 def transport(request, layer_env, proxy, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", proxy.endpoint)
-    return make_transport(request.param, connect_timeout=2, read_timeout=5, max_attempts=2)
+    return build_transport(request.param, connect_timeout=2, read_timeout=5, max_attempts=2)
 
 
 @pytest.fixture

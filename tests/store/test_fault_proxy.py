@@ -12,6 +12,7 @@ from urllib.parse import urlparse
 import pytest
 
 from idempotency_layer.transport import DynamoDBError, make_transport
+from tests.conftest import TRANSPORTS, build_transport
 from tests.support.fault_proxy import (
     DROP_REPLY,
     FORWARDED,
@@ -37,7 +38,7 @@ def fault_proxy(dynamodb: object, layer_env: object, monkeypatch: pytest.MonkeyP
 
 
 def _put(kind: str, table: str, marker: str) -> tuple[dict | DynamoDBError, float]:
-    transport = make_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=1)  # no retry: see the fault
+    transport = build_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=1)  # no retry: see the fault
     started = time.monotonic()
     try:
         answer: dict | DynamoDBError = transport.call("PutItem", {"TableName": table, "Item": {"id": {"S": marker}}})
@@ -51,7 +52,7 @@ def _landed(ddb_client: object, table: str, marker: str) -> bool:
     return "Item" in item
 
 
-@pytest.mark.parametrize("transport", ["lean", "boto3"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize(("fault", "code", "status", "lands"), [
     (THROTTLE, "ThrottlingException", 400, False),
     (PROVISIONED, "ProvisionedThroughputExceededException", 400, False),

@@ -17,7 +17,8 @@ from idempotency_layer.errors import IdempotencyPersistenceLayerError
 from idempotency_layer.keys import KeyDeriver
 from idempotency_layer.sources import batch
 from idempotency_layer.store import COMPLETED, INPROGRESS, DynamoDBStore
-from idempotency_layer.transport import DynamoDBError, make_transport
+from idempotency_layer.transport import DynamoDBError
+from tests.conftest import TRANSPORTS, build_transport
 from tests.support import events
 from tests.support.fault_proxy import DROP_REPLY, LATENCY, THROTTLE, FaultProxy
 
@@ -130,13 +131,13 @@ def _faulted(dynamodb, monkeypatch, operation: str, rates: dict) -> FaultProxy:
     return proxy
 
 
-@pytest.mark.parametrize("kind", ["lean", "boto3"])
+@pytest.mark.parametrize("kind", TRANSPORTS)
 def test_a_held_completion_is_given_up_before_the_invocations_deadline(kind, dynamodb, layer_env, table_name,
                                                                         monkeypatch):
     # DynamoDB holds the completion write 4 s; the client would wait 5 s for it, 3 times. An invocation
     # timed out while completing is retried by its caller, and runs again if the write had not landed.
     with _faulted(dynamodb, monkeypatch, "UpdateItem", {LATENCY: 1.0}) as proxy:
-        cycle, _ = cycle_on(make_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=3), table_name)
+        cycle, _ = cycle_on(build_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=3), table_name)
         runs: list[int] = []
         started = time.monotonic()
         outcome = cycle.run(KEY, lambda: runs.append(1) or "placed", 2_000)
@@ -146,12 +147,12 @@ def test_a_held_completion_is_given_up_before_the_invocations_deadline(kind, dyn
         assert proxy.operations()["UpdateItem"] == {LATENCY: 1}  # one attempt, cut short; no retry fits
 
 
-@pytest.mark.parametrize("kind", ["lean", "boto3"])
+@pytest.mark.parametrize("kind", TRANSPORTS)
 def test_a_claim_whose_reply_was_lost_is_withdrawn(kind, dynamodb, layer_env, table_name, monkeypatch):
     # With one attempt, a claim that landed but whose reply was lost fails the invocation; left there, it would
     # refuse every retry until the deadline though the handler never ran.
     with _faulted(dynamodb, monkeypatch, "PutItem", {DROP_REPLY: 1.0}) as proxy:
-        cycle, store = cycle_on(make_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=1), table_name)
+        cycle, store = cycle_on(build_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=1), table_name)
         runs: list[int] = []
         with pytest.raises(IdempotencyPersistenceLayerError):
             cycle.run(KEY, lambda: runs.append(1) or "placed", LONG)
@@ -161,11 +162,11 @@ def test_a_claim_whose_reply_was_lost_is_withdrawn(kind, dynamodb, layer_env, ta
         assert cycle.run(KEY, lambda: runs.append(1) or "placed", LONG) == ("placed", False) and runs == [1]
 
 
-@pytest.mark.parametrize("kind", ["lean", "boto3"])
+@pytest.mark.parametrize("kind", TRANSPORTS)
 def test_a_held_release_hands_the_handlers_error_back_before_the_deadline(kind, dynamodb, layer_env, table_name,
                                                                           monkeypatch):
     with _faulted(dynamodb, monkeypatch, "DeleteItem", {LATENCY: 1.0}) as proxy:
-        cycle, _ = cycle_on(make_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=3), table_name)
+        cycle, _ = cycle_on(build_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=3), table_name)
 
         def fails() -> None:
             raise ValueError("the handler's own error")
@@ -178,14 +179,14 @@ def test_a_held_release_hands_the_handlers_error_back_before_the_deadline(kind, 
         assert proxy.operations()["DeleteItem"] == {LATENCY: 1}
 
 
-@pytest.mark.parametrize("kind", ["lean", "boto3"])
+@pytest.mark.parametrize("kind", TRANSPORTS)
 @pytest.mark.parametrize("operation", ["UpdateItem", "DeleteItem"])
 def test_a_held_batch_is_answered_before_the_deadline_however_many_records(kind, operation, dynamodb, layer_env,
                                                                           table_name, monkeypatch):
     # 60 completions (or, when the handler raises, releases) on the batch's 10 threads, each held 4 s:
     # unbounded, six rounds of them.
     with _faulted(dynamodb, monkeypatch, operation, {LATENCY: 1.0}) as proxy:
-        cycle, _ = cycle_on(make_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=3), table_name)
+        cycle, _ = cycle_on(build_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=3), table_name)
         runs: list[str] = []
 
         def consumer(event: dict[str, Any], context: Any) -> None:
@@ -207,11 +208,11 @@ def test_a_held_batch_is_answered_before_the_deadline_however_many_records(kind,
         assert 10 <= held < 60  # the first rounds were sent and cut short; the rest were not sent at all
 
 
-@pytest.mark.parametrize("kind", ["lean", "boto3"])
+@pytest.mark.parametrize("kind", TRANSPORTS)
 def test_a_refused_claim_is_not_withdrawn(kind, dynamodb, layer_env, table_name, monkeypatch):
     # A throttle says the claim was not applied: nothing to withdraw, and no write to add to a throttled table.
     with _faulted(dynamodb, monkeypatch, "PutItem", {THROTTLE: 1.0}) as proxy:
-        cycle, _ = cycle_on(make_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=1), table_name)
+        cycle, _ = cycle_on(build_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=1), table_name)
         with pytest.raises(IdempotencyPersistenceLayerError):
             cycle.run(KEY, lambda: pytest.fail("the handler ran"), LONG)
         assert proxy.operations() == {"PutItem": {THROTTLE: 1}}

@@ -145,3 +145,26 @@ def test_custom_attribute_names(transport, ddb_client, request):
     assert set(item) == {"pk", "st", "ttl", "until", "who", "res", "fmt"}
     assert codec.decode(store.get(KEY).result) == {"v": 1}
     ddb_client.delete_table(TableName=name)
+
+
+def test_a_release_whose_first_copy_landed_is_not_logged_as_a_take_over(store, transport, table_name, caplog,
+                                                                        ddb_client):
+    # A DeleteItem that landed but whose answer was lost (a dropped connection) is sent again: the record is
+    # gone, not taken over. Only another owner's record is a take-over.
+    from idempotency_layer.cycle import Cycle
+
+    cycle = Cycle(store, ttl_seconds=3600)
+    assert claim(store, owner="me") is None
+    transport.call("DeleteItem", {"TableName": table_name, "Key": {"id": {"S": KEY}},
+                                  "ConditionExpression": "#o = :me", "ExpressionAttributeNames": {"#o": "owner"},
+                                  "ExpressionAttributeValues": {":me": {"S": "me"}}})  # the first copy
+    with caplog.at_level("INFO", logger="idempotency_layer"):
+        cycle.release(KEY, "me")
+    assert store.release(KEY, "me") is True
+    assert "taken over" not in caplog.text and "already gone" in caplog.text
+    caplog.clear()
+    assert claim(store, owner="other") is None
+    with caplog.at_level("INFO", logger="idempotency_layer"):
+        cycle.release(KEY, "me")
+    assert "taken over before release" in caplog.text
+    assert raw(ddb_client, table_name)["owner"] == {"S": "other"}  # left alone

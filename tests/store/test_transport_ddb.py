@@ -18,11 +18,12 @@ import urllib3.util.connection
 
 from idempotency_layer.store import _blob
 from idempotency_layer.transport import DynamoDBError, make_transport
+from tests.conftest import TRANSPORTS, build_transport
 
 BLOB = b"\x00\x01\xfe\xffbinary"
 
 
-@pytest.fixture(params=["lean", "boto3"])
+@pytest.fixture(params=TRANSPORTS)
 def kind(request):
     return request.param
 
@@ -30,7 +31,7 @@ def kind(request):
 @pytest.fixture
 def ddb(kind, layer_env):
     """A transport of each kind, built the way the interceptor builds it, straight at DynamoDB Local."""
-    return make_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=2)
+    return build_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=2)
 
 
 def normalized(item: dict | None) -> dict | None:
@@ -170,8 +171,8 @@ def test_both_transports_see_the_same_old_item(layer_env, table_name):
 
 def test_missing_table(layer_env):
     errors = []
-    for kind in ("lean", "boto3"):
-        ddb = make_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=2)
+    for kind in TRANSPORTS:
+        ddb = build_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=2)
         with pytest.raises(DynamoDBError) as caught:
             ddb.call("GetItem", {"TableName": "no-such-table", "Key": {"id": {"S": "k"}}})
         errors.append(caught.value)
@@ -199,7 +200,8 @@ def test_connection_refused_after_the_configured_attempts(kind, layer_env, monke
         return real(address, *args, **kwargs)
 
     monkeypatch.setattr(urllib3.util.connection, "create_connection", counting)
-    ddb = make_transport(kind, connect_timeout=1, read_timeout=1, max_attempts=3)
+    monkeypatch.setattr(socket, "create_connection", counting)  # http.client's, for the fast transport
+    ddb = build_transport(kind, connect_timeout=1, read_timeout=1, max_attempts=3)
     started = time.monotonic()
     with pytest.raises(DynamoDBError) as caught:
         ddb.call("GetItem", {"TableName": "t", "Key": {"id": {"S": "k"}}})
@@ -217,7 +219,7 @@ def test_both_honour_aws_endpoint_url_dynamodb(kind, layer_env, table_name, prox
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{dead_port()}")
     monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", proxy.endpoint)
     proxy.reset()
-    ddb = make_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=1)
+    ddb = build_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=1)
     put(ddb, table_name)
     assert normalized(get(ddb, table_name))["b"] == {"B": BLOB}
     assert proxy.requests["PutItem"] == 1 and proxy.requests["GetItem"] == 1

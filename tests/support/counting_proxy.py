@@ -49,6 +49,16 @@ class CountingProxy:
             with contextlib.suppress(OSError):
                 sock.close()
 
+    def drop_connections(self) -> None:
+        """Close every open connection, both legs, as a server does with idle ones; new ones are accepted."""
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                sock.close()
+
     def _accept(self) -> None:
         while not self._closed:
             try:
@@ -60,7 +70,8 @@ class CountingProxy:
             # peer's delayed ACK here (~40 ms), which is the proxy's latency, not the client's.
             for sock in (client, upstream):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._sockets += [client, upstream]
+            with self._lock:
+                self._sockets += [client, upstream]
             threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
             threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
 

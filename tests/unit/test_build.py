@@ -1,4 +1,4 @@
-"""The layer zips built by ./build.sh: layout, modes, per-Python orjson per architecture, size."""
+"""The layer zips built by ./build.sh: layout, modes, per-Python orjson and bytecode per architecture, size."""
 
 from __future__ import annotations
 
@@ -69,7 +69,8 @@ def test_package_is_exactly_the_sources(zips: dict[str, Path], arch: str) -> Non
     prefix = "python/idempotency_layer/"
     with zipfile.ZipFile(zips[arch]) as zf:
         packaged = sorted(n[len(prefix) :] for n in zf.namelist() if n.startswith(prefix))
-        assert packaged == [f for f in source_files() if not f.startswith(("tests/", "test/"))]
+        sources = [f for f in packaged if "__pycache__" not in f.split("/")]  # bytecode: the test below
+        assert sources == [f for f in source_files() if not f.startswith(("tests/", "test/"))]
         assert all(mode(zf.getinfo(prefix + f)) == 0o100644 for f in packaged)
 
 
@@ -85,10 +86,21 @@ def test_orjson_for_each_python_and_only_this_arch(zips: dict[str, Path], arch: 
 
 
 @pytest.mark.parametrize("arch", ARCHES)
-def test_no_bytecode_tests_or_boto3(zips: dict[str, Path], arch: str) -> None:
+def test_bytecode_only_of_the_package_and_no_tests_or_boto3(zips: dict[str, Path], arch: str) -> None:
     with zipfile.ZipFile(zips[arch]) as zf:
         names = zf.namelist()
-    assert not [n for n in names if n.endswith(".pyc") or "__pycache__" in n.split("/")]
+        compiled = {n: zf.read(n) for n in names if n.endswith(".pyc") or "__pycache__" in n.split("/")}
+    # Unchecked-hash .pyc of the package's modules only, for every module, for each Python the build had; this
+    # machine's Python (the venv's) is always one of them.
+    modules = {n[len("python/"):-3] for n in names if n.startswith("python/idempotency_layer/") and n.endswith(".py")}
+    tags = {n.rsplit(".", 2)[1] for n in compiled}
+    assert f"cpython-{sys.version_info.major}{sys.version_info.minor}" in tags
+    for name, data in compiled.items():
+        assert name.startswith("python/idempotency_layer/") and int.from_bytes(data[4:8], "little") == 1, name
+    for tag in tags:
+        for module in modules:
+            folder, _, stem = module.rpartition("/")
+            assert f"python/{folder}/__pycache__/{stem}.{tag}.pyc" in compiled
     assert not [n for n in names if {"tests", "test"} & set(n.split("/")[:-1])]
     assert not [n for n in names if n.startswith(("python/boto3/", "python/botocore/"))]
 
@@ -150,3 +162,143 @@ def test_verifier_reports_a_bad_zip(zips: dict[str, Path], tmp_path: Path) -> No
         text=True,
     )
     assert cli.returncode == 1 and "FAIL:" in cli.stderr
+
+
+def test_the_shipped_bytecode_is_used_from_a_read_only_folder(zips: dict[str, Path], tmp_path: Path) -> None:
+    # As in /opt on Lambda: nothing can be written, so only shipped .pyc can spare the compile.
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    with zipfile.ZipFile(zips["x86_64"]) as zf:
+        zf.extractall(tmp_path)
+    python_dir = tmp_path / "python"
+    for path in python_dir.rglob("*"):
+        path.chmod(0o555 if path.is_dir() else 0o444)
+    try:
+        run = subprocess.run(
+            [sys.executable, "-S", "-v", "-c", "import idempotency_layer.transport, idempotency_layer.fast"],
+            env={"PYTHONPATH": f"{python_dir / 'lib' / f'python{py}' / 'site-packages'}:{python_dir}"},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    finally:
+        for path in python_dir.rglob("*"):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+    tag = f"cpython-{sys.version_info.major}{sys.version_info.minor}"
+    for module in ("__init__", "transport", "fast", "sigv4"):
+        assert f"code object from '{python_dir}/idempotency_layer/__pycache__/{module}.{tag}.pyc'" in run.stderr
+
+
+def _rewritten(src_zip: Path, dst_zip: Path, change: dict[str, bytes]) -> None:
+    with zipfile.ZipFile(src_zip) as src, zipfile.ZipFile(dst_zip, "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info, change.get(info.filename, src.read(info)))
+
+
+def test_verifier_refuses_bytecode_of_another_source(zips: dict[str, Path], tmp_path: Path) -> None:
+    # Unchecked-hash .pyc are never compared with their source at import: a source changed after compiling
+    # would run as the old bytecode, silently. The verifier checks each .pyc's recorded hash, for every Python.
+    stale = tmp_path / "stale.zip"
+    name = "python/idempotency_layer/sigv4.py"
+    with zipfile.ZipFile(zips["x86_64"]) as zf:
+        changed = zf.read(name) + b"\n# changed after compiling\n"
+        tags = sorted(n.rsplit(".", 2)[1] for n in zf.namelist() if "/__pycache__/sigv4." in n)
+    assert tags, "the build shipped no bytecode to check"
+    _rewritten(zips["x86_64"], stale, {name: changed})
+    problems = verify_layer.check(stale, "x86_64", PYTHONS, max_bytes=MAX_BYTES)
+    assert sorted(p for p in problems if "stale bytecode" in p) == [
+        f"python/idempotency_layer/__pycache__/sigv4.{tag}.pyc was not compiled from the source shipped beside it "
+        "(stale bytecode)" for tag in tags
+    ]
+    assert len(problems) == len(tags)
+
+
+def test_verifier_compiles_this_pythons_bytecode_again(zips: dict[str, Path], tmp_path: Path) -> None:
+    # A .pyc whose header claims the right source but whose code is another module's is caught too.
+    tag = sys.implementation.cache_tag
+    target = f"python/idempotency_layer/__pycache__/sigv4.{tag}.pyc"
+    other = f"python/idempotency_layer/__pycache__/errors.{tag}.pyc"
+    with zipfile.ZipFile(zips["x86_64"]) as zf:
+        if target not in zf.namelist():
+            pytest.skip(f"the build shipped no bytecode for {tag}")
+        forged = zf.read(target)[:16] + zf.read(other)[16:]
+    bad = tmp_path / "forged.zip"
+    _rewritten(zips["x86_64"], bad, {target: forged})
+    assert verify_layer.check(bad, "x86_64", PYTHONS, max_bytes=MAX_BYTES) == [
+        f"{target} differs from its source compiled again"
+    ]
+
+
+def interpreters() -> dict[str, str]:
+    """The Pythons build.sh compiles bytecode with (bytecode_python: pyenv's, else pythonX.Y on PATH)."""
+    found = {}
+    for version in PYTHONS:
+        script = f'source <(sed -n "/^bytecode_python()/,/^}}/p" build.sh); bytecode_python {version}'
+        run = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True)
+        if run.returncode == 0 and run.stdout.strip():
+            found[version] = run.stdout.strip()
+    return found
+
+
+def test_verifier_refuses_bytecode_of_another_python(zips: dict[str, Path], tmp_path: Path) -> None:
+    # 3.11's .pyc under 3.12's name: its recorded hash is right (keyed by its own magic), but 3.12 would refuse
+    # it and compile the module at every cold start.
+    with zipfile.ZipFile(zips["x86_64"]) as zf:
+        names = zf.namelist()
+        tags = sorted(n.rsplit(".", 2)[1] for n in names if "/__pycache__/sigv4." in n)
+        if len(tags) < 2:
+            pytest.skip("the build shipped bytecode for fewer than two Pythons")
+        source, target = (f"python/idempotency_layer/__pycache__/sigv4.{tag}.pyc" for tag in tags[:2])
+        foreign = zf.read(source)
+    bad = tmp_path / "foreign.zip"
+    _rewritten(zips["x86_64"], bad, {target: foreign})
+    problems = verify_layer.check(bad, "x86_64", PYTHONS, max_bytes=MAX_BYTES)
+    assert problems == [f"{target} carries the magic number of another Python than {tags[1]}"]
+
+
+def test_each_python_compiles_its_own_bytecode_again(zips: dict[str, Path], tmp_path: Path) -> None:
+    # A forged .pyc for a Python other than the one running the verifier is caught by that Python.
+    found = interpreters()
+    assert verify_layer.check(zips["x86_64"], "x86_64", PYTHONS, max_bytes=MAX_BYTES, interpreters=found) == []
+    others = {v: p for v, p in found.items() if "cpython-" + v.replace(".", "") != sys.implementation.cache_tag}
+    if not others:
+        pytest.skip("no Python but this one compiled bytecode")
+    version = sorted(others)[0]
+    tag = "cpython-" + version.replace(".", "")
+    target = f"python/idempotency_layer/__pycache__/sigv4.{tag}.pyc"
+    with zipfile.ZipFile(zips["x86_64"]) as zf:
+        forged = zf.read(target)[:16] + zf.read(f"python/idempotency_layer/__pycache__/errors.{tag}.pyc")[16:]
+    bad = tmp_path / "forged.zip"
+    _rewritten(zips["x86_64"], bad, {target: forged})
+    assert verify_layer.check(bad, "x86_64", PYTHONS, max_bytes=MAX_BYTES, interpreters=others) == [
+        f"{target} differs from its source compiled again by {tag}"
+    ]
+
+
+def test_the_source_hash_is_cpythons(tmp_path: Path) -> None:
+    # SipHash-1-3 (3.11 on) from this interpreter; SipHash-2-4 (3.10) from a 3.10 when the machine has one.
+    import _imp
+    import importlib.util
+
+    samples = [b"", b"a", b"abcdefgh", b"x" * 1001, (PACKAGE_SRC / "fast.py").read_bytes()]
+    for data in samples:
+        key = int.from_bytes(importlib.util.MAGIC_NUMBER, "little")
+        assert verify_layer.source_hash(importlib.util.MAGIC_NUMBER, data) == _imp.source_hash(key, data)
+    for version in ("3.10", "3.13"):
+        interp = subprocess.run(["bash", "-c", f"command -v python{version}"], capture_output=True, text=True)
+        if interp.returncode != 0:
+            continue
+        code = (
+            "import _imp, importlib.util, sys; m = importlib.util.MAGIC_NUMBER; print(m.hex()); "
+            "print(' '.join(_imp.source_hash(int.from_bytes(m, 'little'), open(p, 'rb').read()).hex() "
+            "for p in sys.argv[1:]))"
+        )
+        files = []
+        for i, data in enumerate(samples):
+            files.append(tmp_path / f"s{i}")
+            files[-1].write_bytes(data)
+        run = subprocess.run([interp.stdout.strip(), "-c", code, *map(str, files)], capture_output=True, text=True)
+        if run.returncode != 0:
+            continue  # a pyenv shim without that version installed
+        magic_hex, hashes = run.stdout.split("\n")[:2]
+        magic = bytes.fromhex(magic_hex)
+        assert [verify_layer.source_hash(magic, d).hex() for d in samples] == hashes.split()

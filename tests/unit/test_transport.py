@@ -24,7 +24,7 @@ from botocore.loaders import create_loader
 from botocore.retries import standard
 from botocore.session import Session
 
-from idempotency_layer import transport
+from idempotency_layer import botocore_transport, transport
 from idempotency_layer.transport import (
     DEADLINE,
     LAST_CHANCE_S,
@@ -343,7 +343,8 @@ def test_make_transport_checks_its_arguments(aws_env):
         make_transport("http2", connect_timeout=1, read_timeout=1, max_attempts=1)
     with pytest.raises(ValueError, match="max_attempts"):
         make_transport("lean", connect_timeout=1, read_timeout=1, max_attempts=0)
-    assert isinstance(make_transport("lean", connect_timeout=1, read_timeout=1, max_attempts=1), LeanTransport)
+    built = make_transport("lean", fast=False, connect_timeout=1, read_timeout=1, max_attempts=1)
+    assert isinstance(built, LeanTransport)
 
 
 def test_boto3_counts_the_first_attempt_too(aws_env):
@@ -691,9 +692,26 @@ def soon(seconds: float = 0.3) -> float:
     return time.monotonic() + seconds
 
 
-def test_a_deadline_cuts_the_read_timeout_of_the_lean_pool(scripted):
+def bounded(path: str, **options):
+    """A lean transport on one of its two paths: `lean` (botocore's urllib3 pool) or `fast` (botocore-free)."""
+    options = {"connect_timeout": 1, "read_timeout": 1, "max_attempts": 1, **options}
+    sleep = options.pop("sleep", None)
+    t = make_transport("lean", fast=path == "fast", **options)
+    if sleep is not None:
+        if path == "fast":
+            t._sleep = sleep
+        else:
+            t.retry._sleep = sleep
+    return t
+
+
+LEAN_PATHS = ["lean", "fast"]
+
+
+@pytest.mark.parametrize("path", LEAN_PATHS)
+def test_a_deadline_cuts_the_read_timeout_of_the_lean_pool(scripted, path):
     server = scripted(answer(body={"Item": {}}, delay=1.5))
-    t = lean(read_timeout=5, max_attempts=3, sleep=Sleeps())
+    t = bounded(path, read_timeout=5, max_attempts=3, sleep=Sleeps())
     with pytest.raises(DynamoDBError) as caught:
         t.call("UpdateItem", {"TableName": "t"}, soon())
     assert caught.value.code == "ReadTimeoutError"
@@ -701,11 +719,15 @@ def test_a_deadline_cuts_the_read_timeout_of_the_lean_pool(scripted):
     assert t.call("GetItem", {}) == {"Item": {}}  # without one, the same server is waited for
 
 
-@pytest.mark.parametrize("kind", ["lean", "boto3"])
+@pytest.mark.parametrize("kind", ["lean", "fast", "boto3"])
 def test_a_deadline_just_passed_still_gets_one_short_attempt(scripted, kind):
     # A completion that usually takes milliseconds is worth trying; one that is slow is not waited for.
+    def build():
+        options = {"connect_timeout": 1, "read_timeout": 5, "max_attempts": 3}
+        return make_transport(kind, **options) if kind == "boto3" else bounded(kind, **options)
+
     quick = scripted(answer(body={"Item": {}}))
-    t = make_transport(kind, connect_timeout=1, read_timeout=5, max_attempts=3)
+    t = build()
     params = {"TableName": "t", "Key": {"id": {"S": "k"}}}
     assert t.call("GetItem", params)["Item"] == {}  # warm: a client's first call does work of its own
     assert t.call("GetItem", params, time.monotonic() - 0.01)["Item"] == {} and quick.count == 2
@@ -713,11 +735,13 @@ def test_a_deadline_just_passed_still_gets_one_short_attempt(scripted, kind):
         t.call("GetItem", params, time.monotonic() - LAST_CHANCE_S)  # its last chance is over: nothing is sent
     assert caught.value.code == DEADLINE and not caught.value.uncertain and quick.count == 2
     slow = scripted(answer(body={"Item": {}}, delay=1.5))
-    t = make_transport(kind, connect_timeout=1, read_timeout=5, max_attempts=3)
+    t = build()
+    started = time.monotonic()
     with pytest.raises(DynamoDBError) as caught:
-        t.call("GetItem", params, time.monotonic() - 0.01)
-    assert caught.value.code == ("ReadTimeoutError" if kind == "lean" else DEADLINE) and slow.count == 1
+        t.call("GetItem", params, started - 0.01)
+    assert caught.value.code == ("ReadTimeoutError" if kind != "boto3" else DEADLINE) and slow.count == 1
     assert caught.value.uncertain  # sent, and no answer came
+    assert time.monotonic() - started < LAST_CHANCE_S + 0.5  # the attempt ended by deadline + LAST_CHANCE_S
 
 
 def test_the_time_an_attempt_gets_shrinks_smoothly_to_nothing():
@@ -728,49 +752,78 @@ def test_the_time_an_attempt_gets_shrinks_smoothly_to_nothing():
     assert all(abs(g - e) < 0.005 for g, e in zip(given[:-1], expected[:-1], strict=True)), given
 
 
-@pytest.mark.parametrize(("script", "uncertain"), [
-    ((throttle(),), False),  # refused: not applied
-    ((answer(400, {"__type": PREFIX + "ValidationException", "message": "bad"}),), False),
-    ((server_error(),), True),  # a 5xx says nothing of whether it was applied
-    ((server_error(), throttle()), True),  # an earlier attempt of the call may have been
-    ((answer(crc=1),), True),  # a damaged answer
-])
-def test_a_failure_says_whether_the_request_may_have_been_applied(scripted, script, uncertain):
+_FAILURES = [
+    ("throttled", (throttle(),), False),  # refused: not applied
+    ("refused", (answer(400, {"__type": PREFIX + "ValidationException", "message": "bad"}),), False),
+    ("5xx", (server_error(),), True),  # a 5xx says nothing of whether it was applied
+    ("5xx-then-throttled", (server_error(), throttle()), True),  # an earlier attempt of the call may have been
+    ("damaged", (answer(crc=1),), True),  # a damaged answer (boto3 hands it back as an answer: not here)
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "script", "uncertain"),
+    [
+        pytest.param(kind, script, uncertain, id=f"{name}-{kind}")
+        for kind in ("lean", "fast", "boto3")
+        for name, script, uncertain in _FAILURES
+        if not (kind == "boto3" and name == "damaged")
+    ],
+)
+def test_a_failure_says_whether_the_request_may_have_been_applied(scripted, kind, script, uncertain):
     scripted(*script)
+    options = {"connect_timeout": 1, "read_timeout": 1, "max_attempts": len(script)}
+    t = make_transport(kind, **options) if kind == "boto3" else bounded(kind, sleep=Sleeps(), **options)
     with pytest.raises(DynamoDBError) as caught:
-        lean(max_attempts=len(script), sleep=Sleeps()).call("PutItem", {})
+        t.call("PutItem", {"TableName": "t", "Item": {"id": {"S": "k"}}})
     assert caught.value.uncertain is uncertain, caught.value
 
 
-def test_no_answer_at_all_may_have_been_applied_and_no_connection_was_not(scripted, aws_env):
+@pytest.mark.parametrize("path", LEAN_PATHS)
+def test_an_answer_that_cannot_be_read_may_have_been_applied(scripted, path):
+    data = b"not json"
+    scripted((200, {"Content-Type": "application/x-amz-json-1.0", "x-amz-crc32": str(zlib.crc32(data))}, data, 0.0))
+    with pytest.raises(DynamoDBError) as caught:
+        bounded(path).call("PutItem", {})
+    assert caught.value.code == "ResponseParserError" and caught.value.uncertain
+
+
+@pytest.mark.parametrize("path", LEAN_PATHS)
+def test_no_answer_at_all_may_have_been_applied_and_no_connection_was_not(scripted, aws_env, path):
     scripted(answer(delay=1.5))
     with pytest.raises(DynamoDBError) as caught:
-        lean(read_timeout=0.2).call("PutItem", {})
+        bounded(path, read_timeout=0.2).call("PutItem", {})
     assert caught.value.code == "ReadTimeoutError" and caught.value.uncertain
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
         port = unused.getsockname()[1]
     aws_env.setenv("AWS_ENDPOINT_URL_DYNAMODB", f"http://127.0.0.1:{port}")  # nothing listens there
     with pytest.raises(DynamoDBError) as caught:
-        lean(max_attempts=2, sleep=Sleeps()).call("PutItem", {})
+        bounded(path, max_attempts=2, sleep=Sleeps()).call("PutItem", {})
     assert caught.value.code == "EndpointConnectionError" and not caught.value.uncertain
 
 
-@pytest.mark.parametrize("kind", ["lean-proxy", "boto3"])
+@pytest.mark.parametrize("kind", ["lean-proxy", "boto3", "lean", "fast"])
 def test_a_call_that_fits_before_its_deadline_needs_no_thread(scripted, aws_env, monkeypatch, kind):
     server = scripted(answer(body={"Item": {}}))
     if kind == "lean-proxy":
         aws_env.setenv("HTTP_PROXY", server.endpoint)
         aws_env.setenv("AWS_ENDPOINT_URL_DYNAMODB", "http://dynamodb.invalid:8000")
-    t = make_transport("lean" if kind == "lean-proxy" else "boto3", connect_timeout=1, read_timeout=1,
-                       max_attempts=3)
-    monkeypatch.setattr(transport, "_within", lambda *a: pytest.fail("waited on a thread"))
+    options = {"connect_timeout": 1, "read_timeout": 1, "max_attempts": 3}
+    if kind in LEAN_PATHS:
+        t = bounded(kind, **options)
+    else:
+        t = make_transport("lean" if kind == "lean-proxy" else "boto3", **options)
+    monkeypatch.setattr(botocore_transport, "_within", lambda *a: pytest.fail("waited on a thread"))
     worst = transport.worst_case_s(1, 1, 3)
     assert worst == 3 * 2 + (1 + 5) + (2 + 5) + 1  # backoff caps, each with a retry-after's 5 s, and a second
     params = {"TableName": "t", "Key": {"id": {"S": "k"}}}
     assert t.call("GetItem", params, time.monotonic() + worst + 1)["Item"] == {}
-    with pytest.raises(pytest.fail.Exception):
-        t.call("GetItem", params, time.monotonic() + worst - 1)
+    if kind in LEAN_PATHS:  # their own timeouts are cut to the deadline: never a thread
+        assert t.call("GetItem", params, time.monotonic() + worst - 1)["Item"] == {}
+    else:
+        with pytest.raises(pytest.fail.Exception):
+            t.call("GetItem", params, time.monotonic() + worst - 1)
 
 
 def test_no_backoff_runs_past_the_deadline(scripted, monkeypatch):
@@ -785,6 +838,44 @@ def test_no_backoff_runs_past_the_deadline(scripted, monkeypatch):
     with pytest.raises(DynamoDBError):
         t.call("UpdateItem", {})  # without a deadline the same backoff is waited out
     assert sleeps == [2.0] * 4 and server.count == 6
+
+
+def test_no_backoff_runs_past_the_deadline_on_the_fast_path(scripted, monkeypatch):
+    server = scripted(throttle())
+    sleeps = Sleeps()
+    t = bounded("fast", max_attempts=5, sleep=sleeps)
+    decide = t.retry.delay  # the standard mode's decision, with the backoff it might draw when throttled
+    monkeypatch.setattr(t.retry, "delay", lambda *a, **k: None if decide(*a, **k) is None else (2.0, 5))
+    with pytest.raises(DynamoDBError) as caught:
+        t.call("UpdateItem", {}, soon(1.0))
+    assert caught.value.code == "ThrottlingException" and server.count == 1 and sleeps == []
+    with pytest.raises(DynamoDBError):
+        t.call("UpdateItem", {})  # without a deadline the same backoff is waited out
+    assert sleeps == [2.0] * 4 and server.count == 6
+
+
+@pytest.mark.parametrize("path", LEAN_PATHS)
+def test_a_deadline_cuts_the_connect_timeout(aws_env, path):
+    # A listener whose accept queue is full: the kernel drops further SYNs, so a connect waits for its timeout.
+    listener = socket.create_server(("127.0.0.1", 0), backlog=0)
+    fillers = []
+    try:
+        for _ in range(8):
+            filler = socket.socket()
+            filler.setblocking(False)
+            filler.connect_ex(listener.getsockname())
+            fillers.append(filler)
+        aws_env.setenv("AWS_ENDPOINT_URL_DYNAMODB", f"http://127.0.0.1:{listener.getsockname()[1]}")
+        t = bounded(path, connect_timeout=30, read_timeout=30, max_attempts=3, sleep=Sleeps())
+        started = time.monotonic()
+        with pytest.raises(DynamoDBError) as caught:
+            t.call("UpdateItem", {}, soon(0.3))
+        assert caught.value.code == "ConnectTimeoutError"
+        assert time.monotonic() - started < 15  # far below the 30 s the client was configured with
+    finally:
+        for filler in fillers:
+            filler.close()
+        listener.close()
 
 
 def test_a_deadline_bounds_a_call_through_a_proxy(scripted, aws_env):
@@ -812,29 +903,31 @@ def test_a_deadline_bounds_the_boto3_transport(scripted, failing):
 
 
 @pytest.mark.parametrize("header", ["0xcbf43926", "", "1, 1", "abc"])
-def test_a_crc32_header_that_is_no_integer_is_a_mismatch_and_retried(scripted, header):
+@pytest.mark.parametrize("path", LEAN_PATHS)
+def test_a_crc32_header_that_is_no_integer_is_a_mismatch_and_retried(scripted, path, header):
     # botocore's own retry check would raise ValueError on it; it is a damaged answer like any other.
     server = scripted(answer(crc=None, headers={"x-amz-crc32": header}), answer(body={"Item": {}}))
-    assert lean(max_attempts=2, sleep=Sleeps()).call("GetItem", {}) == {"Item": {}} and server.count == 2
+    assert bounded(path, max_attempts=2, sleep=Sleeps()).call("GetItem", {}) == {"Item": {}} and server.count == 2
     scripted(answer(crc=None, headers={"x-amz-crc32": header}))
     with pytest.raises(DynamoDBError) as caught:
-        lean(max_attempts=2, sleep=Sleeps()).call("GetItem", {})
+        bounded(path, max_attempts=2, sleep=Sleeps()).call("GetItem", {})
     assert caught.value.code == "ChecksumError" and caught.value.uncertain
 
 
 @pytest.mark.parametrize("body", [b"[1, 2]", b'{"__type": 5, "message": 7}', b"\xff\xfe"])
-@pytest.mark.parametrize("kind", ["lean", "boto3"])
+@pytest.mark.parametrize("kind", ["lean", "fast", "boto3"])
 def test_a_5xx_whose_body_cannot_be_read_is_retried_and_may_have_been_applied(scripted, kind, body):
     data = body
     server = scripted((500, {"Content-Type": "application/x-amz-json-1.0", "x-amz-crc32": str(zlib.crc32(data))},
                        data, 0.0))
-    t = make_transport(kind, connect_timeout=1, read_timeout=1, max_attempts=2)
-    if kind == "lean":
-        t.retry._sleep = Sleeps()
+    if kind == "boto3":
+        t = make_transport(kind, connect_timeout=1, read_timeout=1, max_attempts=2)
+    else:
+        t = bounded(kind, max_attempts=2, sleep=Sleeps())
     with pytest.raises(DynamoDBError) as caught:
         t.call("PutItem", {"TableName": "t", "Item": {"id": {"S": "k"}}})
     assert caught.value.uncertain and server.count >= 1
-    if kind == "lean":
+    if kind != "boto3":
         assert caught.value.code == "500" and server.count == 2  # a 5xx, retried as any other
 
 
