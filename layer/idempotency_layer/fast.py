@@ -117,10 +117,12 @@ def plain_lambda(environ: Mapping[str, str]) -> Plan | None:
     # paths expanded as botocore expands them: variables, then `~`.
     files = (("AWS_CONFIG_FILE", "~/.aws/config"), ("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"))
     for variable, default in files:
-        path = os.path.expanduser(os.path.expandvars(environ.get(variable) or default))
+        # Set but empty, botocore reads no file at all; one it cannot read (a directory, no permission) neither.
+        path = os.path.expanduser(os.path.expandvars(environ.get(variable, default)))
         try:
-            if os.stat(path).st_size > 0:  # an empty one (or /dev/null) holds no settings
-                return None
+            with open(path, "rb") as f:
+                if f.read(1):  # an empty one (or /dev/null) holds no settings
+                    return None
         except OSError:
             pass
     access_key = _raw(environ, "AWS_ACCESS_KEY_ID")
@@ -398,6 +400,12 @@ class Sender:
         return self._context
 
     def _new(self, budget: Budget) -> _Connection:
+        if self._https:
+            try:
+                self._tls()  # a bundle that cannot be loaded fails before any connection, nothing sent
+            except SendError as error:
+                error.sent = False
+                raise
         timeout = budget.cut(self._connect_timeout)
         if timeout <= 0:
             raise SendError("ConnectTimeoutError", f'Connect timeout on endpoint URL: "{self._url}"')
@@ -415,6 +423,11 @@ class Sender:
                 import ssl
 
                 context = self._tls()
+                # The handshake gets what the attempt has left after connecting, not the connect timeout again.
+                left = budget.cut(self._connect_timeout)
+                if left <= 0:
+                    raise SendError("ConnectTimeoutError", f'Connect timeout on endpoint URL: "{self._url}"')
+                sock.settimeout(left)
                 try:
                     sock = context.wrap_socket(sock, server_hostname=self._host)
                 except ssl.SSLError as error:

@@ -427,6 +427,9 @@ def test_a_config_or_credentials_file_is_found_as_botocore_finds_it(tmp_path, mo
     assert plain_lambda(merged) is not None
     (tmp_path / ".aws" / default).write_text("[default]\nendpoint_url = https://elsewhere.example\n")
     assert plain_lambda(merged) is None  # the default ~/.aws/<file>
+    # Set but empty, botocore reads no file; nor one it cannot read, such as a directory.
+    assert plain_lambda({**merged, variable: ""}) is not None
+    assert plain_lambda({**merged, variable: str(tmp_path)}) is not None
 
 
 def test_a_credentials_file_endpoint_is_honoured_on_the_botocore_path(aws_env, tmp_path):
@@ -1140,8 +1143,12 @@ def test_a_certificate_no_trusted_ca_signed_is_a_clear_error(scripted, aws_env, 
     assert server.count == 0
 
 
-def test_a_ca_bundle_that_cannot_be_read_is_an_ssl_error_on_both_paths(scripted, aws_env, own_ca, tmp_path):
+def test_a_ca_bundle_that_cannot_be_read_is_an_ssl_error_on_both_paths(scripted, aws_env, own_ca, tmp_path,
+                                                                         monkeypatch):
     server = scripted(answer(), tls=own_ca["context"])
+    connects = []
+    real = socket.create_connection
+    monkeypatch.setattr(fast.socket, "create_connection", lambda *a, **k: connects.append(a) or real(*a, **k))
     aws_env.setenv("AWS_CA_BUNDLE", str(tmp_path / "missing.pem"))
     fast_one, botocore_one = both_paths()
     for transport in (botocore_one, fast_one):
@@ -1149,7 +1156,37 @@ def test_a_ca_bundle_that_cannot_be_read_is_an_ssl_error_on_both_paths(scripted,
             transport.call("GetItem", {})
         assert caught.value.code == "SSLError"
     assert "cannot load the CA bundle" in caught.value.message and "missing.pem" in caught.value.message  # fast's
+    assert not caught.value.uncertain and connects == []  # it failed before connecting: nothing sent
     assert server.count == 0
+
+
+def test_the_tls_handshake_gets_only_what_the_attempt_has_left(aws_env, own_ca, monkeypatch):
+    # A connect that took most of the attempt's time must not hand the handshake the whole connect timeout
+    # again: a server that never answers the ClientHello is given up on by the deadline's last chance.
+    listener = socket.create_server(("127.0.0.1", 0))
+    aws_env.setenv("AWS_ENDPOINT_URL_DYNAMODB", f"https://127.0.0.1:{listener.getsockname()[1]}")
+    aws_env.setenv("AWS_CA_BUNDLE", own_ca["ca"])
+    held = []
+    threading.Thread(target=lambda: held.append(listener.accept()[0]), daemon=True).start()
+    real = socket.create_connection
+
+    def slow(address, timeout=None, *args, **kwargs):
+        time.sleep(1.0)  # a SYN lost once and sent again
+        return real(address, timeout, *args, **kwargs)
+
+    monkeypatch.setattr(fast.socket, "create_connection", slow)
+    transport = make_transport("lean", fast=True, connect_timeout=2, read_timeout=2, max_attempts=1)
+    deadline = time.monotonic() + 1.5
+    try:
+        with pytest.raises(DynamoDBError) as caught:
+            transport.call("PutItem", {}, deadline)
+        ended = time.monotonic() - deadline
+        assert caught.value.code == "ConnectTimeoutError" and not caught.value.uncertain
+        assert ended < fast._time_left.__globals__["LAST_CHANCE_S"] + 0.25, ended  # not the 2 s again
+    finally:
+        for client in held:
+            client.close()
+        listener.close()
 
 
 def test_connections_on_descriptors_past_1024_are_still_reused(scripted):
