@@ -13,7 +13,6 @@ from hashlib import sha256
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlsplit
 
-import orjson
 import urllib3
 from botocore import exceptions as bce
 from botocore.auth import SigV4Auth, _host_from_url
@@ -31,6 +30,7 @@ from .transport import (
     _within,
     condition_item,
     crc32_ok,
+    decode_answer,
     encode_body,
     worst_case_s,
 )
@@ -407,12 +407,7 @@ class LeanTransport:
                     response = _Response(status, headers, content)
                 elif status < 300:
                     retry.succeeded(request_context, response)
-                    try:
-                        return orjson.loads(content) if content else {}
-                    except orjson.JSONDecodeError as error:
-                        # It was applied, but nothing says what it answered.
-                        raise DynamoDBError(operation, "ResponseParserError", str(error), None, status,
-                                            uncertain=True) from None
+                    return decode_answer(operation, status, content)
                 else:
                     try:
                         error_part = parse_error(status, response.headers, content)["Error"]

@@ -28,7 +28,16 @@ from typing import Any, NamedTuple
 import orjson
 
 from .sigv4 import Signer
-from .transport import _NOT_SENT, DynamoDBError, _out_of_time, _time_left, condition_item, crc32_ok, encode_body
+from .transport import (
+    _NOT_SENT,
+    DynamoDBError,
+    _out_of_time,
+    _time_left,
+    condition_item,
+    crc32_ok,
+    decode_answer,
+    encode_body,
+)
 
 _SERVICE = "dynamodb"
 _TARGET_PREFIX = "DynamoDB_20120810."
@@ -408,15 +417,13 @@ class Sender:
                 raise
         timeout = budget.cut(self._connect_timeout)
         if timeout <= 0:
-            raise SendError("ConnectTimeoutError", f'Connect timeout on endpoint URL: "{self._url}"')
+            raise self._connect_timeout_error()
         try:
             sock = socket.create_connection((self._host, self._port), timeout=timeout)
         except TimeoutError as error:
-            raise SendError("ConnectTimeoutError", f'Connect timeout on endpoint URL: "{self._url}"') from error
+            raise self._connect_timeout_error() from error
         except OSError as error:
-            raise SendError(
-                "EndpointConnectionError", f'Could not connect to the endpoint URL: "{self._url}"'
-            ) from error
+            raise self._unreachable() from error
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._https:
@@ -426,7 +433,7 @@ class Sender:
                 # The handshake gets what the attempt has left after connecting, not the connect timeout again.
                 left = budget.cut(self._connect_timeout)
                 if left <= 0:
-                    raise SendError("ConnectTimeoutError", f'Connect timeout on endpoint URL: "{self._url}"')
+                    raise self._connect_timeout_error()
                 sock.settimeout(left)
                 try:
                     sock = context.wrap_socket(sock, server_hostname=self._host)
@@ -437,16 +444,20 @@ class Sender:
                     refused.sent = False  # the handshake failed: no byte of the request left
                     raise refused from error
                 except TimeoutError as error:
-                    raise SendError("ConnectTimeoutError", f'Connect timeout on endpoint URL: "{self._url}"') from error
+                    raise self._connect_timeout_error() from error
                 except OSError as error:
-                    raise SendError(
-                        "EndpointConnectionError", f'Could not connect to the endpoint URL: "{self._url}"'
-                    ) from error
+                    raise self._unreachable() from error
         except BaseException:
             sock.close()
             raise
         self.opened += 1
         return _Connection(sock)
+
+    def _connect_timeout_error(self) -> SendError:
+        return SendError("ConnectTimeoutError", f'Connect timeout on endpoint URL: "{self._url}"')
+
+    def _unreachable(self) -> SendError:
+        return SendError("EndpointConnectionError", f'Could not connect to the endpoint URL: "{self._url}"')
 
     def _trusted(self) -> str:
         return f"the CA bundle {self._cafile}, as botocore resolves it (AWS_CA_BUNDLE, REQUESTS_CA_BUNDLE, certifi)"
@@ -937,12 +948,7 @@ class FastTransport:
                     )
                 elif status < 300:
                     self.retry.succeeded(taken)
-                    try:
-                        return orjson.loads(content) if content else {}
-                    except orjson.JSONDecodeError as error:
-                        # It was applied, but nothing says what it answered.
-                        raise DynamoDBError(operation, "ResponseParserError", str(error), None, status,
-                                            uncertain=True) from None
+                    return decode_answer(operation, status, content)
                 else:
                     code, message = parse_error(status, content)
                     failure = DynamoDBError(operation, code, message, condition_item(code, content), status)

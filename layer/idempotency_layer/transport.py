@@ -210,6 +210,14 @@ def crc32_ok(headers: Any, body: bytes) -> bool:
         return False
 
 
+def decode_answer(operation: str, status: int, content: bytes) -> dict:
+    """A 2xx answer's body; one that is not JSON was applied, but nothing says what it answered."""
+    try:
+        return orjson.loads(content) if content else {}
+    except orjson.JSONDecodeError as error:
+        raise DynamoDBError(operation, "ResponseParserError", str(error), None, status, uncertain=True) from None
+
+
 def condition_item(code: str, body: bytes) -> dict | None:
     """The old `Item` that DynamoDB returns with a failed condition, when asked for ALL_OLD."""
     if code != _CHECK_FAILED:

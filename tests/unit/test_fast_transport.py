@@ -606,6 +606,17 @@ def test_the_fast_path_imports_no_botocore(tmp_path):
 # -- the HTTP/1.1 reader -------------------------------------------------------------------------------------
 
 
+def request_length(reader) -> int | None:
+    """Read one request's head from `reader`: its Content-Length, or None when the client closed first."""
+    head = b""
+    while not head.endswith(b"\r\n\r\n"):
+        byte = reader.read(1)
+        if not byte:
+            return None
+        head += byte
+    return int(next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")).split(b":")[1])
+
+
 class RawServer:
     """Answers each request with the next canned bytes; closes the connection after it when told to."""
 
@@ -626,16 +637,9 @@ class RawServer:
             with client:
                 reader = client.makefile("rb")
                 while self.answers:
-                    head = b""
-                    while not head.endswith(b"\r\n\r\n"):
-                        byte = reader.read(1)
-                        if not byte:
-                            break
-                        head += byte
-                    if not head:
+                    length = request_length(reader)
+                    if length is None:
                         break
-                    length = int(next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
-                                 .split(b":")[1])
                     reader.read(length)
                     data, close = self.answers.pop(0)
                     client.sendall(data)
@@ -816,14 +820,9 @@ class EarlyAnswerServer:
         reader = client.makefile("rb")
         try:
             while True:
-                head = b""
-                while not head.endswith(b"\r\n\r\n"):
-                    byte = reader.read(1)
-                    if not byte:
-                        return
-                    head += byte
-                length = int(next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
-                             .split(b":")[1])
+                length = request_length(reader)
+                if length is None:
+                    return
                 self.sizes.append(length)
                 if length > self.limit:
                     client.sendall(self.answer)
@@ -886,7 +885,9 @@ def test_an_early_answer_over_tls_is_the_answer_or_a_lost_connection(aws_env, ow
         with pytest.raises(DynamoDBError) as caught:
             transport.call("UpdateItem", {"Value": {"S": "x" * (8 * 1024 * 1024)}})
         if caught.value.code == "ValidationException":
-            assert caught.value.status == 400 and len(server.sizes) == 1  # a client error: not sent again
+            # Read on some attempt (those before it lost their connections and were retried); that a 400 read
+            # so is not sent again is shown over http, where the answer always comes on the first attempt.
+            assert caught.value.status == 400 and 1 <= len(server.sizes) <= 3
         else:
             assert caught.value.code in ("ConnectionClosedError", "SSLError"), caught.value
             assert caught.value.uncertain and caught.value.status is None and len(server.sizes) == 3
@@ -933,13 +934,9 @@ class DroppingServer:
             threading.Thread(target=self._connection, args=(client,), daemon=True).start()
 
     def _read(self, reader) -> bool:
-        head = b""
-        while not head.endswith(b"\r\n\r\n"):
-            byte = reader.read(1)
-            if not byte:
-                return False
-            head += byte
-        length = int(next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")).split(b":")[1])
+        length = request_length(reader)
+        if length is None:
+            return False
         reader.read(length)
         with self._lock:
             self.requests += 1
@@ -1237,16 +1234,9 @@ class ResettingServer:
             with client:
                 reader = client.makefile("rb")
                 for n in range(2):
-                    head = b""
-                    while not head.endswith(b"\r\n\r\n"):
-                        byte = reader.read(1)
-                        if not byte:
-                            break
-                        head += byte
-                    if not head:
+                    length = request_length(reader)
+                    if length is None:
                         break
-                    length = int(next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
-                                 .split(b":")[1])
                     reader.read(length)
                     self.requests += 1
                     if n == 0:
