@@ -222,10 +222,10 @@ class SendError(Exception):
     `sent` is True when the request may have reached the server (and so may have been applied): every code but
     those that say it never left, and always after it went out once on a kept-alive connection found dead."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, sent: bool | None = None) -> None:
         super().__init__(message)
         self.code = code
-        self.sent = code not in _NOT_SENT
+        self.sent = code not in _NOT_SENT if sent is None else sent
 
 
 class Answer(NamedTuple):
@@ -402,19 +402,15 @@ class Sender:
             try:
                 self._context = tls_context(self._cafile)
             except (OSError, ssl.SSLError) as error:
+                # Loaded before any connection is made: nothing was sent.
                 raise SendError(
                     "SSLError", f"SSL validation failed for {self._url}: cannot load the CA bundle {self._cafile}: "
-                    f"{error}"
+                    f"{error}", sent=False
                 ) from error
         return self._context
 
     def _new(self, budget: Budget) -> _Connection:
-        if self._https:
-            try:
-                self._tls()  # a bundle that cannot be loaded fails before any connection, nothing sent
-            except SendError as error:
-                error.sent = False
-                raise
+        context = self._tls() if self._https else None  # a bundle that cannot be loaded fails before connecting
         timeout = budget.cut(self._connect_timeout)
         if timeout <= 0:
             raise self._connect_timeout_error()
@@ -426,10 +422,9 @@ class Sender:
             raise self._unreachable() from error
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self._https:
+            if context is not None:
                 import ssl
 
-                context = self._tls()
                 # The handshake gets what the attempt has left after connecting, not the connect timeout again.
                 left = budget.cut(self._connect_timeout)
                 if left <= 0:
@@ -437,12 +432,11 @@ class Sender:
                 sock.settimeout(left)
                 try:
                     sock = context.wrap_socket(sock, server_hostname=self._host)
-                except ssl.SSLError as error:
-                    refused = SendError(
-                        "SSLError", f"SSL validation failed for {self._url} {error} (trusted: {self._trusted()})"
-                    )
-                    refused.sent = False  # the handshake failed: no byte of the request left
-                    raise refused from error
+                except ssl.SSLError as error:  # the handshake failed: no byte of the request left
+                    raise SendError(
+                        "SSLError", f"SSL validation failed for {self._url} {error} (trusted: {self._trusted()})",
+                        sent=False,
+                    ) from error
                 except TimeoutError as error:
                     raise self._connect_timeout_error() from error
                 except OSError as error:
@@ -515,16 +509,14 @@ class Sender:
             f'Connection was closed before we received a valid response from endpoint URL: "{self._url}".',
         )
 
-    def _read_timeout_error(self) -> SendError:
-        return SendError("ReadTimeoutError", f'Read timeout on endpoint URL: "{self._url}"')
+    def _read_timeout_error(self, sent: bool | None = None) -> SendError:
+        return SendError("ReadTimeoutError", f'Read timeout on endpoint URL: "{self._url}"', sent)
 
     def _exchange(self, connection: _Connection, message: bytes, budget: Budget) -> Answer:
         try:
             timeout = budget.cut(self._read_timeout)
             if timeout <= 0:  # the attempt's time went on connecting: nothing was sent
-                unsent = self._read_timeout_error()
-                unsent.sent = False
-                raise unsent
+                raise self._read_timeout_error(sent=False)
             connection.sock.settimeout(timeout)
             connection.end = budget.end
             early = False
@@ -938,6 +930,7 @@ class FastTransport:
                 status, answer_headers, content = answer
                 if not crc32_ok(answer_headers, content):
                     crc_bad = True  # damaged on the way: nothing in the body can be trusted
+                    uncertain = True
                     failure = DynamoDBError(
                         operation,
                         "ChecksumError",
@@ -952,8 +945,7 @@ class FastTransport:
                 else:
                     code, message = parse_error(status, content)
                     failure = DynamoDBError(operation, code, message, condition_item(code, content), status)
-            if status is not None and (status >= 500 or crc_bad):
-                uncertain = True
+                    uncertain = uncertain or status >= 500  # a 5xx says nothing of whether it was applied
             decision = self.retry.delay(
                 operation,
                 attempt,

@@ -32,6 +32,7 @@ from tests.unit.test_transport import (  # noqa: F401 - fixtures
     certificate,
     scripted,
     server_error,
+    serving,
     throttle,
 )
 
@@ -524,42 +525,6 @@ def test_a_failed_condition_carries_the_old_item_and_is_not_retried(scripted):
     assert server.count == 1 and caught.value.item == item and caught.value.code == "ConditionalCheckFailedException"
 
 
-def test_a_damaged_body_is_retried_then_a_checksum_error(scripted):
-    server = scripted(answer(crc=1))
-    with pytest.raises(DynamoDBError) as caught:
-        quick(max_attempts=2, sleep=Sleeps()).call("GetItem", {})
-    assert server.count == 2 and caught.value.code == "ChecksumError"
-
-
-def test_read_timeout_is_retried_then_reported(scripted):
-    server = scripted(answer(delay=0.6))
-    sleeps = Sleeps()
-    with pytest.raises(DynamoDBError) as caught:
-        quick(read_timeout=0.2, max_attempts=2, sleep=sleeps).call("GetItem", {})
-    assert server.count == 2 and len(sleeps) == 1
-    assert caught.value.code == "ReadTimeoutError" and caught.value.status is None
-
-
-def test_connection_refused(aws_env):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    aws_env.setenv("AWS_ENDPOINT_URL_DYNAMODB", f"http://127.0.0.1:{port}")
-    sleeps = Sleeps()
-    with pytest.raises(DynamoDBError) as caught:
-        quick(max_attempts=3, sleep=sleeps).call("GetItem", {})
-    assert caught.value.code == "EndpointConnectionError" and f"127.0.0.1:{port}" in caught.value.message
-    assert len(sleeps) == 2
-
-
-def test_https_refuses_an_unknown_certificate(scripted, certificate):
-    server = scripted(answer(), tls=certificate[1])
-    with pytest.raises(DynamoDBError) as caught:
-        quick(max_attempts=1).call("GetItem", {})
-    assert caught.value.code == "SSLError" and "CERTIFICATE_VERIFY_FAILED" in caught.value.message
-    assert server.count == 0
-
-
 def test_connections_are_kept_alive_and_pooled_across_threads(scripted):
     server = scripted(answer(delay=0.05))
     transport = quick(connect_timeout=5)  # the scripted server's listen backlog is 5: SYNs past it wait 1 s
@@ -658,17 +623,7 @@ def raw(status_line, headers, body, close=False):
 
 @pytest.fixture
 def raw_server(aws_env):
-    servers = []
-
-    def start(*answers):
-        server = RawServer(answers)
-        servers.append(server)
-        aws_env.setenv("AWS_ENDPOINT_URL_DYNAMODB", server.endpoint)
-        return server
-
-    yield start
-    for server in servers:
-        server.close()
+    yield from serving(aws_env, lambda *answers: RawServer(answers))
 
 
 def test_chunked_interim_and_closing_answers(raw_server):
@@ -841,22 +796,12 @@ class EarlyAnswerServer:
 
 TOO_LARGE = (b'{"__type":"' + PREFIX.encode()
              + b'ValidationException","message":"Item size has exceeded the maximum allowed size"}')
+TOO_LARGE_ANSWER = b"HTTP/1.1 400 Bad Request\r\nContent-Length: %d\r\n\r\n%s" % (len(TOO_LARGE), TOO_LARGE)
 
 
 @pytest.fixture
 def early_server(aws_env):
-    servers = []
-
-    def start(limit=64 * 1024):
-        answer = b"HTTP/1.1 400 Bad Request\r\nContent-Length: %d\r\n\r\n%s" % (len(TOO_LARGE), TOO_LARGE)
-        server = EarlyAnswerServer(limit, answer)
-        servers.append(server)
-        aws_env.setenv("AWS_ENDPOINT_URL_DYNAMODB", server.endpoint)
-        return server
-
-    yield start
-    for server in servers:
-        server.close()
+    yield from serving(aws_env, lambda limit=64 * 1024: EarlyAnswerServer(limit, TOO_LARGE_ANSWER))
 
 
 def test_an_answer_sent_before_the_body_was_read_is_the_answer(early_server):
@@ -876,8 +821,7 @@ def test_an_early_answer_over_tls_is_the_answer_or_a_lost_connection(aws_env, ow
     # came before the write failed, on botocore's urllib3 path and on the fast path alike; otherwise the request
     # fails as a lost connection (uncertain, retried), never with another answer. The layer sends nothing that
     # large: results over DynamoDB's 400 KB item limit are not stored.
-    answer = b"HTTP/1.1 400 Bad Request\r\nContent-Length: %d\r\n\r\n%s" % (len(TOO_LARGE), TOO_LARGE)
-    server = EarlyAnswerServer(64 * 1024, answer, tls=own_ca["context"])
+    server = EarlyAnswerServer(64 * 1024, TOO_LARGE_ANSWER, tls=own_ca["context"])
     aws_env.setenv("AWS_ENDPOINT_URL_DYNAMODB", server.endpoint)
     aws_env.setenv("AWS_CA_BUNDLE", own_ca["ca"])
     try:

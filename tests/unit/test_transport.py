@@ -264,6 +264,22 @@ def lean(**kwargs):
     return LeanTransport(**options)
 
 
+def bounded(path: str, **options):
+    """A lean transport on one of its two paths: `lean` (botocore's urllib3 pool) or `fast` (botocore-free)."""
+    options = {"connect_timeout": 1, "read_timeout": 1, "max_attempts": 1, **options}
+    sleep = options.pop("sleep", None)
+    t = make_transport("lean", fast=path == "fast", **options)
+    if sleep is not None:
+        if path == "fast":
+            t._sleep = sleep
+        else:
+            t.retry._sleep = sleep
+    return t
+
+
+LEAN_PATHS = ["lean", "fast"]
+
+
 class Sent(Exception):
     pass
 
@@ -438,12 +454,13 @@ class ScriptedDynamoDB:
         self._thread.join(5)
 
 
-@pytest.fixture
-def scripted(aws_env):
+def serving(aws_env, make):
+    """A fixture's body: `start(...)` makes a server with `make(...)` and points the endpoint at it; every server
+    started is closed after the test."""
     servers = []
 
-    def start(*script, tls=None):
-        server = ScriptedDynamoDB(script, tls)
+    def start(*args, **kwargs):
+        server = make(*args, **kwargs)
         servers.append(server)
         aws_env.setenv("AWS_ENDPOINT_URL_DYNAMODB", server.endpoint)
         return server
@@ -451,6 +468,11 @@ def scripted(aws_env):
     yield start
     for server in servers:
         server.close()
+
+
+@pytest.fixture
+def scripted(aws_env):
+    yield from serving(aws_env, lambda *script, tls=None: ScriptedDynamoDB(script, tls))
 
 
 class Sleeps(list):
@@ -526,10 +548,11 @@ def test_a_damaged_body_is_retried(scripted):
     assert server.count == 2
 
 
-def test_a_body_damaged_every_time_is_a_checksum_error(scripted):
+@pytest.mark.parametrize("path", LEAN_PATHS)
+def test_a_body_damaged_every_time_is_a_checksum_error(scripted, path):
     server = scripted(answer(crc=12345))
     with pytest.raises(DynamoDBError) as caught:
-        lean(max_attempts=2, sleep=Sleeps()).call("GetItem", {})
+        bounded(path, max_attempts=2, sleep=Sleeps()).call("GetItem", {})
     assert server.count == 2 and caught.value.code == "ChecksumError"
 
 
@@ -538,23 +561,25 @@ def test_a_response_without_crc_is_accepted(scripted):
     assert lean().call("GetItem", {}) == {"Item": {}}
 
 
-def test_read_timeout_is_retried_then_reported(scripted):
+@pytest.mark.parametrize("path", LEAN_PATHS)
+def test_read_timeout_is_retried_then_reported(scripted, path):
     server = scripted(answer(delay=0.6))
     sleeps = Sleeps()
     with pytest.raises(DynamoDBError) as caught:
-        lean(read_timeout=0.2, max_attempts=2, sleep=sleeps).call("GetItem", {})
+        bounded(path, read_timeout=0.2, max_attempts=2, sleep=sleeps).call("GetItem", {})
     assert server.count == 2 and len(sleeps) == 1
     assert caught.value.code == "ReadTimeoutError" and caught.value.status is None
 
 
-def test_connection_refused(aws_env):
+@pytest.mark.parametrize("path", LEAN_PATHS)
+def test_connection_refused(aws_env, path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     aws_env.setenv("AWS_ENDPOINT_URL_DYNAMODB", f"http://127.0.0.1:{port}")
     sleeps = Sleeps()
     with pytest.raises(DynamoDBError) as caught:
-        lean(max_attempts=3, sleep=sleeps).call("GetItem", {})
+        bounded(path, max_attempts=3, sleep=sleeps).call("GetItem", {})
     assert caught.value.code == "EndpointConnectionError"
     assert f"127.0.0.1:{port}" in caught.value.message
     assert len(sleeps) == 2  # three attempts
@@ -627,10 +652,11 @@ def test_https_verifies_against_the_configured_ca_bundle(aws_env, scripted, cert
     assert server.count == 1
 
 
-def test_https_refuses_an_unknown_certificate(scripted, certificate):
+@pytest.mark.parametrize("path", LEAN_PATHS)
+def test_https_refuses_an_unknown_certificate(scripted, certificate, path):
     server = scripted(answer(), tls=certificate[1])
     with pytest.raises(DynamoDBError) as caught:
-        lean().call("GetItem", {})
+        bounded(path).call("GetItem", {})
     assert caught.value.code == "SSLError" and "CERTIFICATE_VERIFY_FAILED" in caught.value.message
     assert server.count == 0
 
@@ -690,22 +716,6 @@ def test_lean_signature_is_botocores_own(monkeypatch):
 
 def soon(seconds: float = 0.3) -> float:
     return time.monotonic() + seconds
-
-
-def bounded(path: str, **options):
-    """A lean transport on one of its two paths: `lean` (botocore's urllib3 pool) or `fast` (botocore-free)."""
-    options = {"connect_timeout": 1, "read_timeout": 1, "max_attempts": 1, **options}
-    sleep = options.pop("sleep", None)
-    t = make_transport("lean", fast=path == "fast", **options)
-    if sleep is not None:
-        if path == "fast":
-            t._sleep = sleep
-        else:
-            t.retry._sleep = sleep
-    return t
-
-
-LEAN_PATHS = ["lean", "fast"]
 
 
 @pytest.mark.parametrize("path", LEAN_PATHS)
