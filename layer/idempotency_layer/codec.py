@@ -65,7 +65,10 @@ def _key(key: Any) -> str:
     if isinstance(key, int):
         return str(int(key))
     if isinstance(key, float):
-        return repr(float(key))
+        key = float(key)
+        if math.isnan(key):
+            return "NaN"
+        return repr(key) if math.isfinite(key) else ("Infinity" if key > 0 else "-Infinity")
     raise ResultNotEncodable(f"a dict key of type {type(key).__name__} is not a JSON key")
 
 
@@ -138,8 +141,18 @@ def to_json(value: Any) -> tuple[str, bytes]:
     except TypeError:
         pass
     try:
-        return TAGGED, orjson.dumps(_tag(value))
-    except (orjson.JSONEncodeError, RecursionError) as error:  # a lone surrogate (not UTF-8), deep nesting
+        tagged = _tag(value)
+    except RecursionError:
+        raise ResultNotEncodable("the result cannot be stored: RecursionError") from None
+    try:
+        return TAGGED, orjson.dumps(tagged)
+    except orjson.JSONEncodeError:  # over orjson's 255 levels (the runtime's marshaller goes deeper), or not UTF-8
+        pass
+    import json
+
+    try:  # a lone surrogate still fails, in encode(): stored text must be UTF-8
+        return TAGGED, json.dumps(tagged, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    except (ValueError, RecursionError) as error:
         raise ResultNotEncodable(f"the result cannot be stored: {type(error).__name__}") from None
 
 
@@ -187,5 +200,10 @@ def decode(encoded: Encoded) -> Any:
         return data
     if form == RESPONSE:
         return data.decode("utf-8")
-    value = orjson.loads(data)
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:  # what only the standard library wrote (see to_json) or reads
+        import json
+
+        value = json.loads(data)
     return value if form == JSON else _untag(value)

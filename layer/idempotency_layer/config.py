@@ -19,6 +19,7 @@ _FALSE = frozenset({"false", "0", "no"})
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _TRANSPORTS = ("lean", "boto3")
 _SCOPES = ("auto", "event", "record")
+_STREAM_FAILURES = ("checkpoint", "records")
 _HTTP_MODES = ("auto", "off")
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")  # an HTTP token
 _WHOLE = re.compile(r"-?[0-9]+")
@@ -60,6 +61,9 @@ class Config:
     disabled: bool
     table: str
     scope: str  # auto: batches from SQS, Kinesis, DynamoDB Streams per record, other events whole; event; record
+    # checkpoint: a stream handler's earliest reported record and every one after it are released (Lambda retries
+    # the shard from there); records: only the records it reports are released, as for SQS
+    stream_failures: str
     key_jmespath: str | None  # None: the whole event (a batch record: its delivery identity)
     payload_jmespath: str | None  # the part of the event a reused key must match (its SHA-256); None: unchecked
     http: str  # auto: API Gateway, Function URL and ALB events get HTTP semantics; off: handled like any event
@@ -231,6 +235,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         disabled=disabled,
         table=table,
         scope=_choice(env, "IDEMPOTENCY_SCOPE", "auto", _SCOPES),
+        stream_failures=_choice(env, "IDEMPOTENCY_STREAM_FAILURES", "checkpoint", _STREAM_FAILURES),
         key_jmespath=key_jmespath,
         payload_jmespath=_text(env, "IDEMPOTENCY_PAYLOAD_JMESPATH"),
         http=_choice(env, "IDEMPOTENCY_HTTP", "auto", _HTTP_MODES),

@@ -341,18 +341,26 @@ class Cycle:
         """Wait for the live claim on `key` to end: the completed record to replay, or our own claim once it was
         released or expired. Raises the in-progress error when the wait or the invocation runs out first."""
         started = time.monotonic()
-        budget = min(self.wait_seconds, (remaining_ms - WAIT_MARGIN_MS) / 1000)
+        # The wait ends when it is spent or WAIT_MARGIN_MS before the invocation's deadline, whichever is first;
+        # every poll carries that point as its deadline, and none starts that it seems it could not finish by
+        # then (judged by how long the last one took), so a slow table answers in-progress, not a timeout.
+        wait_end = started + min(self.wait_seconds, (remaining_ms - WAIT_MARGIN_MS) / 1000)
         delay = FIRST_POLL_S
+        poll_s = 0.0  # how long the last poll took
         while True:
-            left = budget - (time.monotonic() - started)
+            left = wait_end - time.monotonic() - poll_s
             if left <= 0:
-                raise IdempotencyAlreadyInProgressError(
-                    f"another invocation is still running key {key!r} after waiting {time.monotonic() - started:.1f} s "
-                    "for it (IDEMPOTENCY_WAIT_SECONDS)"
-                )
-            self.sleep(min(delay * (0.5 + random.random() / 2), left))  # the last poll lands as the wait ends
+                raise self._still_running(key, started)
+            self.sleep(min(delay * (0.5 + random.random() / 2), left))  # the last poll ends as the wait ends
             delay = min(delay * 2, LAST_POLL_S)
-            record = self.store.get(key)  # a consistent read
+            polled = time.monotonic()
+            try:
+                record = self.store.get(key, wait_end)  # a consistent read
+            except IdempotencyPersistenceLayerError:
+                if time.monotonic() >= wait_end:  # cut by the wait's end: the claim was live when last seen
+                    raise self._still_running(key, started) from None
+                raise
+            poll_s = time.monotonic() - polled
             now = self.clock()
             if record is not None and not record.is_expired(now):
                 _check_fingerprint(key, record.fingerprint, fingerprint)
@@ -366,6 +374,13 @@ class Cycle:
                 return self.claim(key, left_ms, fingerprint)
             except IdempotencyAlreadyInProgressError:
                 continue  # another copy claimed it first: wait for that one
+
+    @staticmethod
+    def _still_running(key: str, started: float) -> IdempotencyAlreadyInProgressError:
+        return IdempotencyAlreadyInProgressError(
+            f"another invocation is still running key {key!r} after waiting {time.monotonic() - started:.1f} s "
+            "for it (IDEMPOTENCY_WAIT_SECONDS)"
+        )
 
     def _replay(self, record: Record, results: Results | None = None) -> Outcome:
         result = record.result

@@ -269,20 +269,26 @@ class _Connection:
     """One HTTP/1.1 connection: a socket (TLS-wrapped for https) and our own read buffer over it, so that what
     is left in the buffer after an answer can be seen (a file object's buffer hides it)."""
 
-    __slots__ = ("buf", "end", "sock")
+    __slots__ = ("buf", "end", "read_timeout", "sock")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.buf = bytearray()
         self.end: float | None = None  # when the attempt reading from it ends: each recv gets only what is left
+        self.read_timeout: float | None = None  # the most any one recv waits (IDEMPOTENCY_READ_TIMEOUT)
 
     def _fill(self) -> bool:
+        # Every recv waits at most the read timeout, and never past the attempt's end: a stalled connection
+        # (half-open, an answer that stops after its first byte) is dropped after the read timeout and the
+        # next attempt takes a fresh one, however much time the call has left. The end also bounds the sum,
+        # so an answer trickled a byte at a time cannot hold the attempt past it.
+        wait = self.read_timeout
         if self.end is not None:
-            # An answer trickled a byte at a time would reset a per-read timeout forever: cut it before each read.
             left = self.end - time.monotonic()
             if left <= 0:
                 raise TimeoutError("the attempt's time ran out while reading")
-            self.sock.settimeout(left)
+            wait = left if wait is None else min(wait, left)
+        self.sock.settimeout(wait)
         data = self.sock.recv(_RECV)
         if not data:
             return False
@@ -519,6 +525,7 @@ class Sender:
                 raise self._read_timeout_error(sent=False)
             connection.sock.settimeout(timeout)
             connection.end = budget.end
+            connection.read_timeout = self._read_timeout
             early = False
             try:
                 connection.sock.sendall(message)

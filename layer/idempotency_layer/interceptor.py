@@ -55,19 +55,68 @@ def _marshaller() -> Any:
     return _runtime_module("LambdaMarshaller", "awslambdaric.lambda_runtime_marshaller", "lambda_runtime_marshaller")
 
 
-def _checked_values(marshal: Any) -> Any:
-    """Results stored and handed back as values, refused (`Undeliverable`) when `marshal` cannot marshal them."""
-    from .cycle import Undeliverable, ValueResults
+def _chained() -> bool:
+    """Whether a wrapper runs after ours (IDEMPOTENCY_NEXT_WRAPPER, which the wrapper has checked): its handler
+    then calls ours and looks at what we return (a tracer reads a dict's statusCode), so it must get the
+    handler's own kind of value, not the runtime's raw JSON."""
+    return bool(os.environ.get("IDEMPOTENCY_NEXT_WRAPPER"))
 
-    class CheckedValueResults(ValueResults):
-        def encode(self, value: Any) -> tuple[Any, Any]:
-            try:
-                marshal(value)
-            except Exception:
-                raise Undeliverable from None
-            return super().encode(value)
 
-    return CheckedValueResults()
+def _restore(text: str) -> Any:
+    """A value the runtime marshals back to `text`, its own marshalling of a result (a record stored as
+    `response` before a wrapper was chained): a number is an int or a float when the runtime writes that one
+    so, else a Decimal (which it writes as its text: `1.50`, `1E+5`, `-0`)."""
+    import json
+    from decimal import Decimal
+
+    def number(token: str, kind: Any) -> Any:
+        value = kind(token)
+        return value if repr(value) == token else Decimal(token)
+
+    return json.loads(text, parse_float=partial(number, kind=float), parse_int=partial(number, kind=int))
+
+
+class _Values:
+    """Results stored and handed back as values: the handler's value itself on the first run, an equal value
+    restored from the codec's tagged form (Decimal, bytes, big integers, non-finite floats) on replay.
+
+    With the runtime's `marshal`, a value it cannot marshal is refused (`Undeliverable`: never stored), and
+    `shape(value, text)`, given the text the runtime makes of the value, says what to store."""
+
+    def __init__(self, marshal: Any = None, shape: Any = None) -> None:
+        self.marshal = marshal
+        self.shape = shape
+
+    def shaped(self, shape: Any) -> _Values:
+        return _Values(self.marshal, shape)
+
+    def text(self, value: Any) -> Any:
+        """The text the runtime makes of `value` (json.dumps's outside a runtime)."""
+        if self.marshal is None:
+            import json
+
+            return json.dumps(value)
+        return self.marshal(value)[0]
+
+    def encode(self, value: Any) -> tuple[Any, Any]:
+        from . import codec
+        from .cycle import Undeliverable
+
+        if self.marshal is None:
+            return value, codec.encode(value)
+        try:
+            text = self.marshal(value)[0]
+        except Exception:
+            raise Undeliverable from None
+        return value, codec.encode(value if self.shape is None else self.shape(value, text))
+
+    def decode(self, encoded: Any) -> Any:
+        from . import codec
+
+        value = codec.decode(encoded)
+        if encoded.format.removesuffix(codec.COMPRESSED) == codec.RESPONSE:
+            return _restore(value)  # the runtime's text, stored before a wrapper was chained
+        return value
 
 
 def _results() -> Any:
@@ -76,8 +125,9 @@ def _results() -> Any:
     The runtime marshals what the handler returns after we return. We marshal it first, with the runtime's
     own marshaller: a result it cannot marshal must not be stored. What we store is the text the runtime will
     send, and both the first run and every replay hand back that text wrapped so the runtime's encoder emits it
-    as it is: the replay's bytes are the first response's bytes, and a wrapper chained in front of us sees the
-    same kind of value on both paths.
+    as it is: the replay's bytes are the first response's bytes. With a wrapper chained after ours, whose
+    handler calls ours, values are stored and handed back instead (`_Values`), so it gets the handler's own
+    kind of value on both paths.
     """
     marshaller = _marshaller()
     if marshaller is None:
@@ -86,6 +136,8 @@ def _results() -> Any:
     from .cycle import Undeliverable
 
     marshal = marshaller().marshal_response
+    if _chained():
+        return _Values(marshal)
     raw = getattr(getattr(sys.modules.get(marshaller.__module__), "json", None), "RawJSON", None)
     probe = '{"probe":[1,"\u00e9"]}'
     try:
@@ -96,7 +148,7 @@ def _results() -> Any:
 
     if raw is None:
         # A marshaller that does not pass raw JSON through: check the value, then store and replay the value.
-        return _checked_values(marshal)
+        return _Values(marshal)
 
     class RuntimeResults:
         def encode(self, value: Any) -> tuple[Any, codec.Encoded]:
@@ -110,7 +162,7 @@ def _results() -> Any:
             return raw(text), codec.pack(codec.RESPONSE, data)
 
         def decode(self, encoded: codec.Encoded) -> Any:
-            value = codec.decode(encoded)  # the text or bytes we stored; a value for an earlier version's record
+            value = codec.decode(encoded)  # the text or bytes we stored; a value for a record of _Values
             if isinstance(value, bytes):
                 return value
             if encoded.format.removesuffix(codec.COMPRESSED) == codec.RESPONSE:
@@ -120,17 +172,13 @@ def _results() -> Any:
     return RuntimeResults()
 
 
-def _value_results() -> Any:
+def _value_results() -> _Values:
     """Results stored and replayed as values, checked first with the runtime's marshaller when there is one.
 
     For HTTP responses: a replay gains the Idempotent-Replayed header, so it is a value to amend, not the
     first response's bytes."""
     marshaller = _marshaller()
-    if marshaller is None:
-        from .cycle import ValueResults
-
-        return ValueResults()
-    return _checked_values(marshaller().marshal_response)
+    return _Values(None if marshaller is None else marshaller().marshal_response)
 
 
 def _without_layer_frames(tb: Any) -> Any:
@@ -182,7 +230,7 @@ else:
         from .sources import batch  # a function that is never sent a batch never pays for its import
 
         if _batches is None:
-            _batches = batch.Runner(_cycle, _keys, CONFIG.require_key, user_handler)
+            _batches = batch.Runner(_cycle, _keys, CONFIG.require_key, user_handler, CONFIG.stream_failures)
         found = batch.parse(event, required=CONFIG.scope == "record")
         return (_batches, found) if found is not None else (None, None)
 
@@ -259,9 +307,12 @@ else:
             return user_handler(event, context)
         if _http_results is None:
             _http_results = _value_results()
+        # A payload 2.0 value without a statusCode is stored in the explicit form API Gateway made of it: its body
+        # is the text the runtime sent the first time, whatever a later runtime's marshaller would write.
+        results = _http_results.shaped(lambda value, text: http.explicit(request, value, lambda _: text))
         try:
             outcome = _cycle.run(key, partial(user_handler, event, context), _remaining_ms(context), fingerprint,
-                                 results=_http_results, keep=lambda response: http.status_of(request, response) < 500)
+                                 results=results, keep=lambda response: http.status_of(request, response) < 500)
         except IdempotencyPayloadMismatchError as error:
             logger.info("%s; answered 422", error)
             if not CONFIG.payload_jmespath:  # the default fingerprint: say what it covers
@@ -281,4 +332,6 @@ else:
             logger.error("%s", error)
             return http.problem(request, 503, "the idempotency store is unavailable; the request did not run",
                                 retry_after=1)
-        return http.mark_replayed(request, outcome.value) if outcome.replayed else outcome.value
+        if not outcome.replayed:
+            return outcome.value
+        return http.mark_replayed(request, outcome.value, _http_results.text)  # text: for an earlier version's record

@@ -8,6 +8,7 @@ claim's owner token, so an invocation never completes or deletes a claim that an
 from __future__ import annotations
 
 import base64
+import binascii
 import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -63,7 +64,8 @@ class Store(Protocol):
         """Delete our claim. True: it is gone (deleted now, or already: a request sent again whose first copy
         landed). False: another invocation's record is there, and nothing was deleted."""
 
-    def get(self, key: str) -> Record | None: ...
+    def get(self, key: str, deadline: float | None = None) -> Record | None:
+        """The record of `key` (a consistent read), or None. `deadline` (`time.monotonic()`): give up by then."""
 
 
 def _number(value: dict[str, Any] | None) -> int | None:
@@ -156,7 +158,33 @@ class DynamoDBStore:
             raise failure from error
 
     def _record(self, key: str, item: dict[str, Any]) -> Record:
+        """The record in `item`, an answer about `key`. An item of another key (a broken proxy or middlebox
+        answering another request) or one whose attributes are not the layer's is refused, never replayed."""
         a = self.attr
+        try:
+            return self._parse(key, item)
+        except IdempotencyPersistenceLayerError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, binascii.Error):
+            raise IdempotencyPersistenceLayerError(
+                f"table {self.table!r} answered for key {key!r} with an item that is not an idempotency record "
+                f"(attributes {a.status!r}, {a.expires_at!r}, {a.result_format!r} missing or of the wrong type); "
+                "the handler did not run"
+            ) from None
+
+    def _parse(self, key: str, item: dict[str, Any]) -> Record:
+        a = self.attr
+        if not isinstance(item, dict):
+            raise TypeError("not an item")
+        for name, value in self._item_key(key).items():
+            if item.get(name) != value:
+                raise IdempotencyPersistenceLayerError(
+                    f"table {self.table!r} answered a request for key {key!r} with the item of another key "
+                    f"(attribute {name!r} differs); refused rather than replayed, the handler did not run"
+                )
+        status = item[a.status]["S"]
+        if status not in (INPROGRESS, COMPLETED):
+            raise ValueError("unknown status")
         result = None
         stored_format = item.get(a.result_format)
         if stored_format is not None:
@@ -168,17 +196,23 @@ class DynamoDBStore:
                 data = value["S"]
             else:
                 data = _blob(value["B"])
+            if not isinstance(form, str) or not isinstance(data, (str, bytes, type(None))):
+                raise TypeError("result")
             result = codec.Encoded(form, data)
         owner = item.get(a.owner)
         fingerprint = item.get(a.payload_hash)
+        owner = None if owner is None else owner["S"]
+        fingerprint = None if fingerprint is None else fingerprint["S"]
+        if not isinstance(owner, (str, type(None))) or not isinstance(fingerprint, (str, type(None))):
+            raise TypeError("owner or fingerprint")
         return Record(
             key=key,
-            status=item[a.status]["S"],
+            status=status,
             expires_at=int(item[a.expires_at]["N"]),
             in_progress_until=_number(item.get(a.in_progress_until)),
-            owner=None if owner is None else owner["S"],
+            owner=owner,
             result=result,
-            fingerprint=None if fingerprint is None else fingerprint["S"],
+            fingerprint=fingerprint,
         )
 
     # -- the protocol -----------------------------------------------------------------------------------
@@ -286,7 +320,7 @@ class DynamoDBStore:
             _logger.info("claim on key %r was already gone at release", key)
         return True
 
-    def get(self, key: str) -> Record | None:
-        response = self._call("GetItem", key, {"Key": self._item_key(key), "ConsistentRead": True})
+    def get(self, key: str, deadline: float | None = None) -> Record | None:
+        response = self._call("GetItem", key, {"Key": self._item_key(key), "ConsistentRead": True}, deadline)
         item = response.get("Item")
         return None if item is None else self._record(key, item)

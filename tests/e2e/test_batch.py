@@ -20,6 +20,7 @@ from tests.support.dynamodb_local import wait_for
 from tests.support.rie import Invocation, LambdaEnvironment
 
 CONSUMER = "consumer.handler"
+STREAM_CONSUMER = "stream_consumer.handler"  # AWS's documented stream handler: stops at its first failure
 BODY_KEY = {"IDEMPOTENCY_KEY_JMESPATH": "json_parse(body).marker"}
 
 
@@ -134,7 +135,8 @@ def test_a_message_in_progress_elsewhere_is_reported_and_fifo_stops_there(
 
 def test_kinesis_reports_sequence_numbers_and_keys_by_event_id(
         primary: str, environments: Environments, shared_table: str, executions: Executions) -> None:
-    env = consumer(environments, primary, shared_table)
+    # This consumer goes on past a failure and reports exactly the records that failed: the records mode.
+    env = consumer(environments, primary, shared_table, {"IDEMPOTENCY_STREAM_FAILURES": "records"})
     marks = [marker() for _ in range(3)]
     records = [events.kinesis_record({"marker": marks[0]}),
                events.kinesis_record({"marker": marks[1], "fail_first": True}),
@@ -143,6 +145,32 @@ def test_kinesis_reports_sequence_numbers_and_keys_by_event_id(
     # Kinesis retries from the failed record on: the same records, the same eventIDs.
     assert failed(env.invoke(events.stream_event(records[1:]))) == []
     assert [executions.count(m) for m in marks] == [1, 2, 1]
+
+
+@pytest.mark.parametrize("source", ["kinesis", "dynamodb"])
+def test_the_documented_stream_handler_loses_no_record_after_its_checkpoint(
+        primary: str, environments: Environments, shared_table: str, executions: Executions, ddb_client: Any,
+        source: str) -> None:
+    """IDEMPOTENCY_STREAM_FAILURES=checkpoint (the default): the handler stops at record 1 and reports it; the
+    records after it never ran, so they are released, not completed, and run when Lambda retries from there."""
+    env = environments.shared(primary, shared_table, handler=STREAM_CONSUMER)
+    marks = [marker() for _ in range(5)]
+    if source == "kinesis":
+        records = [events.kinesis_record({"marker": m, "fail_first": i == 1}) for i, m in enumerate(marks)]
+        sequences = [r["kinesis"]["sequenceNumber"] for r in records]
+        keys = [record_id([r["eventSourceARN"], r["eventID"]]) for r in records]
+    else:
+        records = [events.dynamodb_record(m) for m in marks]
+        records[1]["dynamodb"]["NewImage"]["FailFirst"] = {"BOOL": True}
+        sequences = [r["dynamodb"]["SequenceNumber"] for r in records]
+        keys = [record_id(r["eventID"]) for r in records]
+    assert failed(env.invoke(events.stream_event(records))) == sequences[1:]  # the checkpoint and all after it
+    assert [executions.count(m) for m in marks] == [1, 1, 0, 0, 0]
+    assert get_record(ddb_client, shared_table, keys[0])["status"]["S"] == "COMPLETED"
+    assert all(get_record(ddb_client, shared_table, key) is None for key in keys[1:])
+    assert failed(env.invoke(events.stream_event(records[1:]))) == []  # Lambda retries from the checkpoint
+    assert failed(env.invoke(events.stream_event(records))) == []  # the whole batch again: all done
+    assert [executions.count(m) for m in marks] == [1, 2, 1, 1, 1]  # none lost, none run twice
 
 
 def test_a_shard_stops_at_a_record_without_a_usable_key(

@@ -288,3 +288,52 @@ def test_record_scope_refuses_http_requests_and_unguarded_requests_are_logged(
     answer(env.invoke(request("v2", None, {"marker": mark})))
     assert "an HTTP request without the Idempotency-Key header; running it without idempotency" in env.logs()[before:]
     assert executions.count(mark) == 1
+
+
+def _as_caller(form: str, event: dict[str, Any], caller: str, retry: bool) -> dict[str, Any]:
+    """`event` from `caller`, told apart only by what each source's authorizer adds beyond a shared principal;
+    a retry carries what changes between two sends by one caller (authorizer latency, address, renewed tokens)."""
+    context = event["requestContext"]
+    if form == "rest":  # a Lambda authorizer returning one principalId, the user in its context
+        context["authorizer"].update(userId=caller, integrationLatency=250 if retry else 3)
+        if retry:
+            context["identity"].update(sourceIp="203.0.113.9", userAgent="okhttp/4.12")
+    elif form == "v2":  # a JWT authorizer: one user (sub) acting for two tenants
+        context["authorizer"]["jwt"]["claims"].update({
+            "custom:tenant": caller, "iat": "1700003600" if retry else "1700000000",
+            "exp": "1700007200" if retry else "1700003600", "jti": "jti-2" if retry else "jti-1"})
+        context["authorizer"]["jwt"]["scopes"] = ["orders/write", "orders/read"][::-1 if retry else 1]
+    elif form == "url":  # IAM auth: a role recreated under its name has the same ARN, another unique id
+        unique = {"alice": "AROAAAAAAAAAAAAAAAAAA", "bob": "AROABBBBBBBBBBBBBBBBB"}[caller]
+        context["authorizer"] = {"iam": {
+            "accessKey": "ASIARENEWED" if retry else "ASIAFIRST", "accountId": http_events.ACCOUNT,
+            "callerId": f"{unique}:client", "cognitoIdentity": None, "principalOrgId": None,
+            "userArn": f"arn:aws:sts::{http_events.ACCOUNT}:assumed-role/orders-client/client",
+            "userId": f"{unique}:client"}}
+        if retry:
+            context["http"]["sourceIp"] = "203.0.113.9"
+    else:  # ALB authentication: the identity header ALB sets; its signed data is renewed with the session
+        event["headers"].update({"x-amzn-oidc-identity": caller, "x-amzn-oidc-data": "data-2" if retry else "data-1"})
+    return event
+
+
+@pytest.mark.parametrize("form", ["rest", "v2", "url", "alb"])
+def test_a_response_is_replayed_to_its_caller_only(form: str, primary: str, environments: Environments,
+                                                   shared_table: str, executions: Executions) -> None:
+    env = web(environments, primary, shared_table)
+    mark = marker()
+    key = f'"{mark}"'
+    options = {"rest": {"principal": "api-user"}, "v2": {"sub": "user-1"}}.get(form, {})
+
+    def send(caller: str, retry: bool = False) -> dict[str, Any]:
+        return answer(env.invoke(_as_caller(form, request(form, key, {"marker": mark}, **options), caller, retry)))
+
+    alice = send("alice")
+    assert alice["statusCode"] == 201 and executions.count(mark) == 1
+    bob = send("bob")  # Alice's key, Alice's body: still Bob's own request
+    assert bob["statusCode"] == 201 and "idempotent-replayed" not in headers_of(bob)
+    assert json.loads(bob["body"])["orderId"] != json.loads(alice["body"])["orderId"]
+    assert executions.count(mark) == 2
+    again = send("alice", retry=True)
+    assert again["body"] == alice["body"] and headers_of(again)["idempotent-replayed"] == "true"
+    assert executions.count(mark) == 2

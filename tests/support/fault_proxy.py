@@ -30,6 +30,12 @@ RESET = "reset"
 DROP_REPLY = "drop_reply"
 LATENCY = "latency"
 KINDS = (THROTTLE, PROVISIONED, INTERNAL, RESET, DROP_REPLY, LATENCY)
+# Stalls, only ever scripted (`FaultProxy.script`), never drawn: the request is read and never answered (a
+# half-open connection; nothing is forwarded), or forwarded and answered with the first byte of DynamoDB's
+# answer only. Either way the connection then stays open, silent, until the proxy closes.
+STALL = "stall"
+STALL_AFTER_BYTE = "stall_after_byte"
+SCRIPTED = (STALL, STALL_AFTER_BYTE, *KINDS)
 FORWARDED = "forwarded"  # passed through untouched
 CONNECTIONS = "connections"  # client connections accepted
 UPSTREAM_ERROR = "upstream_error"  # DynamoDB Local failed or closed the connection: the client was reset
@@ -175,6 +181,9 @@ class FaultProxy:
         self.set_rates(rates or {})
         self.counts: Counter[str] = Counter()
         self.by_operation: Counter[tuple[str, str]] = Counter()
+        self._scripts: dict[str, list[str]] = {}
+        self.arrivals: list[tuple[float, str, str]] = []  # (time.monotonic(), operation, treatment) per request
+        self._stopped = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self.endpoint = f"http://127.0.0.1:{self.port}"
@@ -191,6 +200,14 @@ class FaultProxy:
             raise ValueError(f"fault rates must be fractions summing to at most 1: {dict(rates)}")
         with self._lock:
             self._rates = [(kind, rates[kind]) for kind in KINDS if rates.get(kind)]
+
+    def script(self, operation: str, *treatments: str) -> None:
+        """The next requests of `operation` get `treatments`, one each, in order, before any drawn fault."""
+        unknown = set(treatments) - set(SCRIPTED)
+        if unknown:
+            raise ValueError(f"unknown treatments {sorted(unknown)}; known: {', '.join(SCRIPTED)}")
+        with self._lock:
+            self._scripts.setdefault(operation, []).extend(treatments)
 
     def snapshot(self) -> dict[str, int]:
         """Requests seen, forwarded untouched, faulted per kind, broken by DynamoDB Local itself; connections."""
@@ -213,6 +230,7 @@ class FaultProxy:
 
     def close(self) -> None:
         self._closed = True
+        self._stopped.set()  # wakes the stalled connections
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept(); close() alone does not
         with contextlib.suppress(OSError):
@@ -237,14 +255,19 @@ class FaultProxy:
     def _draw(self, operation: str) -> tuple[str, float]:
         """This request's treatment, and its spike in seconds (negative: before forwarding)."""
         with self._lock:
-            roll = self._rng.random()
-            kind = FORWARDED
-            for name, rate in self._rates if self.only is None or operation in self.only else ():
-                if roll < rate:
-                    kind = name
-                    break
-                roll -= rate
+            scripted = self._scripts.get(operation)
+            if scripted:
+                kind = scripted.pop(0)
+            else:
+                roll = self._rng.random()
+                kind = FORWARDED
+                for name, rate in self._rates if self.only is None or operation in self.only else ():
+                    if roll < rate:
+                        kind = name
+                        break
+                    roll -= rate
             delay = self._rng.uniform(*self.spike) * self._rng.choice((-1, 1)) if kind == LATENCY else 0.0
+            self.arrivals.append((time.monotonic(), operation, kind))
             self.counts["requests"] += 1
             self.counts[kind] += 1
             self.by_operation[(kind, operation)] += 1
@@ -310,6 +333,9 @@ class FaultProxy:
                 if kind == RESET:
                     _reset(client)
                     return
+                if kind == STALL:
+                    self._stopped.wait()
+                    return
                 if delay < 0:
                     time.sleep(-delay)
                 if upstream is None:
@@ -325,6 +351,10 @@ class FaultProxy:
                     raise
                 if kind == DROP_REPLY:  # the request took effect; the client never hears of it
                     _reset(client)
+                    return
+                if kind == STALL_AFTER_BYTE:  # the request took effect; its answer stops after one byte
+                    client.sendall((r_head + r_body)[:1])
+                    self._stopped.wait()
                     return
                 if delay > 0:
                     time.sleep(delay)

@@ -43,6 +43,17 @@ def test_kinesis_and_dynamodb_streams_are_identified_by_sequence_number():
     assert parsed.ordered is True  # a shard: records are applied in order
 
 
+def test_streams_read_failures_as_a_checkpoint_and_sqs_fifo_included_per_message():
+    """Lambda retries a shard from the earliest record reported, and an SQS queue (FIFO too) per message."""
+    kinesis = batch.parse(events.stream_event([events.kinesis_record({"n": 1})]), required=False)
+    streams = batch.parse(events.stream_event([events.dynamodb_record("m")]), required=False)
+    fifo = batch.parse(events.sqs_event([events.json_message({"n": 1}, group="g")], events.queue_arn("o", fifo=True)),
+                       required=False)
+    standard = batch.parse(events.sqs_event([events.json_message({"n": 1})]), required=False)
+    assert [parsed.source.checkpoint for parsed in (kinesis, streams, fifo, standard)] == [True, True, False, False]
+    assert batch.STREAM_FAILURES == ("checkpoint", "records")
+
+
 @pytest.mark.parametrize(
     "event",
     [

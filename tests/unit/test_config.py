@@ -25,6 +25,7 @@ def test_defaults():
     assert config.payload_jmespath is None and config.attributes.payload_hash == "payload_hash"
     assert config.in_progress_seconds == 0 and config.wait_seconds == 0
     assert config.http == "auto" and config.key_header == "Idempotency-Key"
+    assert config.stream_failures == "checkpoint"
 
 
 def test_config_is_immutable():
@@ -56,6 +57,8 @@ def test_false_booleans(text):
         ("IDEMPOTENCY_TRANSPORT", "http2", "lean, boto3"),
         ("IDEMPOTENCY_LOG_LEVEL", "LOUD", "DEBUG, INFO, WARNING, ERROR"),
         ("IDEMPOTENCY_SCOPE", "records", "auto, event, record"),
+        ("IDEMPOTENCY_STREAM_FAILURES", "record", "checkpoint, records"),
+        ("IDEMPOTENCY_STREAM_FAILURES", "first", "checkpoint, records"),
         ("IDEMPOTENCY_HTTP", "on", "auto, off"),
         ("IDEMPOTENCY_KEY_HEADER", "Idempotency Key", "not an HTTP header name"),
         ("IDEMPOTENCY_WAIT_SECONDS", "901", "seconds from 0"),
@@ -160,8 +163,9 @@ def test_partition_value_needs_a_sort_key_and_fits_a_key():
 
 def test_choices_are_case_insensitive():
     config = load({**BASE, "IDEMPOTENCY_TRANSPORT": "BOTO3", "IDEMPOTENCY_LOG_LEVEL": "debug",
-                   "IDEMPOTENCY_SCOPE": "Record"})
+                   "IDEMPOTENCY_SCOPE": "Record", "IDEMPOTENCY_STREAM_FAILURES": " Records "})
     assert config.transport == "boto3"
+    assert config.stream_failures == "records"
     assert config.scope == "record"
     assert config.log_level == "DEBUG"
 
@@ -191,5 +195,6 @@ def test_the_payload_hash_attribute_must_not_clash():
 
 def test_empty_or_blank_values_count_as_unset():
     config = load({**BASE, "IDEMPOTENCY_TTL_SECONDS": "  ", "IDEMPOTENCY_PAYLOAD_JMESPATH": "",
-                   "IDEMPOTENCY_WAIT_SECONDS": " ", "IDEMPOTENCY_SCOPE": ""})
+                   "IDEMPOTENCY_WAIT_SECONDS": " ", "IDEMPOTENCY_SCOPE": "", "IDEMPOTENCY_STREAM_FAILURES": " "})
     assert (config.ttl_seconds, config.payload_jmespath, config.wait_seconds, config.scope) == (3600, None, 0, "auto")
+    assert config.stream_failures == "checkpoint"

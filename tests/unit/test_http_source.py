@@ -25,8 +25,8 @@ ALB = {"httpMethod": "POST", "path": "/orders", "headers": {"idempotency-key": "
 def test_each_source_is_told_apart():
     assert http.parse(V2).form == "v2" and http.parse(REST).form == "rest" and http.parse(ALB).form == "alb"
     assert http.parse({"orderId": 1}) is None and http.parse({"Records": []}) is None
-    assert json.loads(http.parse(V2).caller) == {"sub": "user-1"}
-    assert json.loads(http.parse(REST).caller) == {"principal": "p-1"}
+    assert json.loads(http.parse(V2).caller) == {"authorizer": {"jwt": {"claims": {"sub": "user-1"}}}}
+    assert json.loads(http.parse(REST).caller) == {"authorizer": {"principalId": "p-1"}}
     assert http.parse(ALB).caller is None
     assert http.parse(REST).multi and not http.parse(V2).multi
 
@@ -71,7 +71,7 @@ def test_every_identity_field_present_is_part_of_the_caller():
     assert json.loads(oidc.caller) == {"oidc": "alice"}
     app = http.parse({**V2, "requestContext": {**V2["requestContext"],
                                                "authorizer": {"jwt": {"claims": {"client_id": "app1"}}}}})
-    assert json.loads(app.caller) == {"client": "app1"}
+    assert json.loads(app.caller) == {"authorizer": {"jwt": {"claims": {"client_id": "app1"}}}}
 
 
 def test_the_replay_marker_replaces_the_handlers_own_in_any_case():

@@ -3,8 +3,10 @@
 A redelivered batch is a new mix of records with new receipt handles, so no key of the whole event can
 work: every record gets its own key (its delivery identity, or the key expression applied to it). All keys
 are claimed before the handler runs, concurrently; the handler is called once with the records we claimed;
-its answer (`batchItemFailures`) decides which records are completed and which are released to run again.
-Records keep no result: a completed record only means "done".
+its answer (`batchItemFailures`) decides which records are completed and which are released to run again:
+for SQS the records it names; for a stream (Kinesis, DynamoDB Streams), by default, the earliest one it names
+and every record after it, since Lambda retries the shard from there. Records keep no result: a completed
+record only means "done".
 """
 
 from __future__ import annotations
@@ -31,14 +33,18 @@ class Source(NamedTuple):
     identifier: tuple[str, ...]  # where the record's itemIdentifier is, for batchItemFailures
     identity: tuple[str, ...]  # the fields that name one delivery, stable across redeliveries: the default key
     ordered: bool  # records are applied in order (a shard), so nothing may run after one that cannot run now
+    # Lambda reads batchItemFailures as a checkpoint: it retries from the earliest record reported, every record
+    # after it included, whether reported or not (a stream); else per record (SQS, FIFO included)
+    checkpoint: bool
 
 
 SOURCES = {
-    "aws:sqs": Source("SQS", ("messageId",), ("messageId",), False),
+    "aws:sqs": Source("SQS", ("messageId",), ("messageId",), False, False),
     # Kinesis sequence numbers are unique within a stream, and shard ids repeat across streams: key by both.
-    "aws:kinesis": Source("Kinesis", ("kinesis", "sequenceNumber"), ("eventSourceARN", "eventID"), True),
-    "aws:dynamodb": Source("DynamoDB Streams", ("dynamodb", "SequenceNumber"), ("eventID",), True),
+    "aws:kinesis": Source("Kinesis", ("kinesis", "sequenceNumber"), ("eventSourceARN", "eventID"), True, True),
+    "aws:dynamodb": Source("DynamoDB Streams", ("dynamodb", "SequenceNumber"), ("eventID",), True, True),
 }
+STREAM_FAILURES = ("checkpoint", "records")  # IDEMPOTENCY_STREAM_FAILURES
 
 
 class Batch(NamedTuple):
@@ -147,11 +153,17 @@ class _Executor:
 class Runner:
     """Runs one handler call for a batch, each record's key claimed, completed or released by the cycle."""
 
-    def __init__(self, cycle: Cycle, keys: KeyDeriver, require_key: bool, handler: Callable[[Any, Any], Any]) -> None:
+    def __init__(self, cycle: Cycle, keys: KeyDeriver, require_key: bool, handler: Callable[[Any, Any], Any],
+                 stream_failures: str = "checkpoint") -> None:
+        if stream_failures not in STREAM_FAILURES:
+            raise ValueError(f"stream_failures must be one of {', '.join(STREAM_FAILURES)}")
         self.cycle = cycle
         self.keys = keys
         self.require_key = require_key
         self.handler = handler
+        # checkpoint: a stream handler that stops at its first failure and reports it (AWS's pattern) must not
+        # have the records after it completed: it never ran them, and Lambda brings them back
+        self.checkpoint = stream_failures == "checkpoint"
         self._executor = _Executor()
 
     def _key(self, batch: Batch, index: int) -> str | None:
@@ -292,11 +304,27 @@ class Runner:
                 )
                 self._release(owned, deadline)
                 return value
-            failed_keys = {keys[index] for index in passed if batch.identifiers[index] in reported}
-            # Every record the handler named comes back, a record we had dropped as done included: its answer
-            # is kept as it gave it, and a done record is dropped again on redelivery.
-            failed.extend(index for index in range(count) if batch.identifiers[index] in reported)
-            failed.extend(index for index in copies if keys[index] in failed_keys)
+            if self.checkpoint and batch.source.checkpoint:
+                # Lambda retries the shard from the earliest record named, in the batch it sent (one we dropped
+                # as done included), or from where we stopped: nothing there or after it may complete, as the
+                # handler may not have run it. Records before it ran (the handler went on past them), and Lambda
+                # does not retry them for this answer. All from the checkpoint on are reported, so the answer
+                # names each released one.
+                checkpoint = min([index for index in range(count) if batch.identifiers[index] in reported]
+                                 + failed + [count])
+                failed_keys = {keys[index] for index in passed if index >= checkpoint}
+                unnamed = sum(index >= checkpoint and batch.identifiers[index] not in reported for index in passed)
+                if unnamed:
+                    logger.info("checkpoint at record %d of the stream batch: %d record(s) after it that the handler "
+                                "did not name released too (IDEMPOTENCY_STREAM_FAILURES=checkpoint)", checkpoint,
+                                unnamed)
+                failed.extend(range(checkpoint, count))
+            else:
+                failed_keys = {keys[index] for index in passed if batch.identifiers[index] in reported}
+                # Every record the handler named comes back, a record we had dropped as done included: its
+                # answer is kept as it gave it, and a done record is dropped again on redelivery.
+                failed.extend(index for index in range(count) if batch.identifiers[index] in reported)
+                failed.extend(index for index in copies if keys[index] in failed_keys)
             self._complete([(key, owner) for key, owner in owned if key not in failed_keys],
                            {key: prints[index] for key, index in first.items()}, deadline)
             self._release([(key, owner) for key, owner in owned if key in failed_keys], deadline)

@@ -1,14 +1,15 @@
 """HTTP requests: API Gateway REST (payload 1.0), HTTP API and Function URLs (payload 2.0), and ALB.
 
 Turns an HTTP event into what the cycle needs (a key from the Idempotency-Key header, scoped to the method,
-the route and the authenticated caller; a default payload fingerprint) and shapes responses the way each
-source expects them: problem responses (RFC 9457) for the layer's errors, and the replay marker header.
-Nothing here touches the table.
+the route and every identity of the caller the request carries; a default payload fingerprint) and shapes
+responses the way each source expects them: problem responses (RFC 9457) for the layer's errors, and the replay
+marker header. Nothing here touches the table.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 MAX_KEY_LENGTH = 255
@@ -30,13 +31,7 @@ class Request(NamedTuple):
     body: Any
     headers: dict[str, list[str]]  # lower-cased names, every value
     multi: bool  # the request came with multiValueHeaders: the response must use them too (ALB requires it)
-    caller: str | None  # the authenticated principal, when an authorizer or IAM named one
-
-
-def _get(value: Any, *path: str) -> Any:
-    for name in path:
-        value = value.get(name) if isinstance(value, dict) else None
-    return value
+    caller: str | None  # who is calling (canonical JSON), when an authorizer, IAM, mTLS or ALB named anyone
 
 
 def _text(value: Any) -> str | None:
@@ -57,48 +52,65 @@ def _headers(event: dict[str, Any]) -> tuple[dict[str, list[str]], bool]:
     return found, multi
 
 
-# Where each source names who is calling. Every one present is part of the caller's identity: Cognito identity
-# pool users share one role session ARN and differ only by their identity id, so no single field suffices.
-_REST_IDENTITY = {
-    "principal": ("authorizer", "principalId"),
-    "sub": ("authorizer", "claims", "sub"),
-    "client": ("authorizer", "claims", "client_id"),
-    "username": ("authorizer", "claims", "cognito:username"),
-    "arn": ("identity", "userArn"),
-    "identity": ("identity", "cognitoIdentityId"),
-    "api_key": ("identity", "apiKeyId"),
-    "cert_serial": ("identity", "clientCert", "serialNumber"),
-    "cert_issuer": ("identity", "clientCert", "issuerDN"),
-}
-_V2_IDENTITY = {
-    "sub": ("authorizer", "jwt", "claims", "sub"),
-    "client": ("authorizer", "jwt", "claims", "client_id"),
-    "username": ("authorizer", "jwt", "claims", "cognito:username"),
-    "arn": ("authorizer", "iam", "userArn"),
-    "identity": ("authorizer", "iam", "cognitoIdentity", "identityId"),
-    "cert_serial": ("authentication", "clientCert", "serialNumber"),
-    "cert_issuer": ("authentication", "clientCert", "issuerDN"),
-}
+# Every field API Gateway puts under these parts of requestContext says who is calling (an authorizer's output,
+# the IAM or Cognito identity, the API key, the mTLS certificate), so all of them scope the key: a Lambda
+# authorizer may return one principalId for every user and name the user in its context alone.
+_CALLER_PARTS = {"rest": ("authorizer", "identity"), "v2": ("authorizer", "authentication")}
+
+# Fields under those parts (paths from requestContext) that differ between two sends of one request by one caller,
+# so that a retry would not be replayed if they counted. Nothing else under those parts is left out. Request ids
+# and times are elsewhere in requestContext and never count.
+_TOKEN_CLAIMS = ("iat", "exp", "nbf", "auth_time", "jti", "origin_jti", "event_id", "at_hash", "c_hash", "nonce",
+                 "sid", "uti", "aio", "rh")
+PER_REQUEST_FIELDS: frozenset[tuple[str, ...]] = frozenset({
+    ("authorizer", "integrationLatency"),  # REST Lambda authorizers: how long this request's authorizer took
+    ("identity", "sourceIp"),  # the client's network address: a mobile client's changes between retries
+    ("identity", "userAgent"),  # the client's software, which a retry (another library, a proxy) may change
+    ("identity", "accessKey"),  # the access key id of temporary credentials, renewed every hour or so:
+    ("authorizer", "iam", "accessKey"),  # the principal is userArn/caller/userId, which stay
+    # JWT claims that name the token rather than the user: they change when the client refreshes its token
+    *(("authorizer", "claims", claim) for claim in _TOKEN_CLAIMS),  # REST Cognito user pool authorizer
+    *(("authorizer", "jwt", "claims", claim) for claim in _TOKEN_CLAIMS),  # HTTP API JWT authorizer
+})
+# Lists whose order carries no meaning: sorted, so a token that lists them in another order is the same caller.
+_UNORDERED = frozenset({("authorizer", "scopes"), ("authorizer", "jwt", "scopes"),
+                        ("authorizer", "iam", "cognitoIdentity", "amr")})
+
+
+def _selected(value: Any, path: tuple[str, ...]) -> Any:
+    """`value` without the per-request fields and without empty values (null, "", [], {}): the same caller
+    whether a field is null or absent, as API Gateway sends either."""
+    if isinstance(value, dict):
+        kept = {}
+        for name, item in value.items():
+            inner = (*path, str(name))
+            if inner not in PER_REQUEST_FIELDS:
+                item = _selected(item, inner)
+                if item is not None:
+                    kept[str(name)] = item
+        return kept or None
+    if isinstance(value, list):
+        items = [_selected(item, path) for item in value]
+        if path in _UNORDERED:
+            items.sort(key=_canonical)
+        return items or None
+    return None if value is None or value == "" else value
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
 
 def _caller(event: dict[str, Any], form: str, headers: dict[str, list[str]]) -> str | None:
-    context = event.get("requestContext")
-    found: dict[str, Any] = {}
-    if form in ("rest", "v2"):
-        for label, path in (_REST_IDENTITY if form == "rest" else _V2_IDENTITY).items():
-            value = _get(context, *path)
-            if isinstance(value, str) and value:
-                found[label] = value
-        lambda_context = _get(context, "authorizer", "lambda") if form == "v2" else None
-        if isinstance(lambda_context, dict) and lambda_context:
-            found["lambda"] = lambda_context
-    else:  # ALB authentication (OIDC, Cognito) passes the user's identity in a header ALB sets itself
+    """Canonical JSON of everything that says who is calling, or None when the request names no one."""
+    if form == "alb":  # ALB authentication (OIDC, Cognito) passes the user's identity in a header ALB sets itself;
+        # x-amzn-oidc-data (a signed JWT) and the access token change whenever ALB refreshes the session
         identity = headers.get("x-amzn-oidc-identity")
-        if identity:
-            found["oidc"] = identity[0]
-    if not found:
-        return None
-    return json.dumps(found, sort_keys=True, separators=(",", ":"), default=str)
+        return _canonical({"oidc": identity[0]}) if identity else None
+    context = event.get("requestContext")
+    found = {part: _selected(context.get(part), (part,)) for part in _CALLER_PARTS[form]}
+    found = {part: value for part, value in found.items() if value is not None}
+    return _canonical(found) if found else None
 
 
 def parse(event: Any) -> Request | None:
@@ -224,18 +236,24 @@ def status_of(request: Request, response: Any) -> int:
     return 200 if request.form == "v2" and (not isinstance(response, dict) or "statusCode" not in response) else 502
 
 
-def explicit(request: Request, response: Any) -> Any:
-    """A payload 2.0 value that is not a response object, in the explicit form API Gateway makes of it."""
+def explicit(request: Request, response: Any, dumps: Callable[[Any], str | bytes] = json.dumps) -> Any:
+    """A payload 2.0 value that is not a response object, in the explicit form API Gateway makes of it: a 200
+    whose body is the JSON text the function sent, which `dumps` gives (the runtime's marshaller: Decimal,
+    non-ASCII and floats as it writes them)."""
     if request.form != "v2" or (isinstance(response, dict) and "statusCode" in response):
         return response
-    body = response if isinstance(response, str) else json.dumps(response)
+    if isinstance(response, str):
+        body = response
+    else:
+        text = dumps(response)
+        body = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
     return {"statusCode": 200, "headers": {"content-type": "application/json"}, "body": body,
             "isBase64Encoded": False}
 
 
-def mark_replayed(request: Request, response: Any) -> Any:
-    """`response` with `Idempotent-Replayed: true`, where the source reads headers from."""
-    response = explicit(request, response)
+def mark_replayed(request: Request, response: Any, dumps: Callable[[Any], str | bytes] = json.dumps) -> Any:
+    """`response` with `Idempotent-Replayed: true`, where the source reads headers from (`dumps`: see `explicit`)."""
+    response = explicit(request, response, dumps)
     if not isinstance(response, dict):
         return response  # not a response object: the gateway answers 502 for it, with or without a header
     marked = dict(response)
