@@ -69,6 +69,20 @@ class Executions:
         wait_for(lambda: self.count(mark) >= n, timeout, f"{n} execution(s) of {mark}")
 
 
+def same_as_first(first: Any, again: Any, executions: Executions, mark: str) -> bool:
+    """Check that the copy `again` answered exactly as `first` did and the handler ran once; False when the
+    runtime refused the value (`Runtime.MarshalError`, as it would without the layer: never stored, both ran)."""
+    if first.error_type == "Runtime.MarshalError":
+        assert again.error_type == "Runtime.MarshalError"
+        assert executions.count(mark) == 2
+        return False
+    assert first.error_type is None, first.body[:300]
+    assert (again.status, again.body) == (first.status, first.body)
+    assert again.headers.get("Content-Type") == first.headers.get("Content-Type")
+    assert executions.count(mark) == 1
+    return True
+
+
 class Environments:
     """Starts LambdaEnvironments with the layer on a given table; `shared` ones live for the session."""
 
