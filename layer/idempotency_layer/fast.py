@@ -282,13 +282,11 @@ class _Connection:
         # (half-open, an answer that stops after its first byte) is dropped after the read timeout and the
         # next attempt takes a fresh one, however much time the call has left. The end also bounds the sum,
         # so an answer trickled a byte at a time cannot hold the attempt past it.
-        wait = self.read_timeout
-        if self.end is not None:
+        if self.end is not None:  # without an end, the socket keeps the read timeout _exchange gave it
             left = self.end - time.monotonic()
             if left <= 0:
                 raise TimeoutError("the attempt's time ran out while reading")
-            wait = left if wait is None else min(wait, left)
-        self.sock.settimeout(wait)
+            self.sock.settimeout(left if self.read_timeout is None else min(self.read_timeout, left))
         data = self.sock.recv(_RECV)
         if not data:
             return False
