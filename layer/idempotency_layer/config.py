@@ -68,6 +68,9 @@ class Config:
     payload_jmespath: str | None  # the part of the event a reused key must match (its SHA-256); None: unchecked
     http: str  # auto: API Gateway, Function URL and ALB events get HTTP semantics; off: handled like any event
     key_header: str  # the request header holding the idempotency key of an HTTP event
+    # lower-cased request headers whose values scope an HTTP request's key: who is calling, for functions that
+    # authenticate callers themselves (no authorizer names them in requestContext); () when unset
+    caller_headers: tuple[str, ...]
     key_prefix: str
     require_key: bool
     ttl_seconds: int
@@ -141,6 +144,25 @@ def _choice(env: Mapping[str, str], name: str, default: str, accepted: tuple[str
     raise IdempotencyConfigurationError(f"{name}={value!r} is not accepted; expected one of {', '.join(accepted)}")
 
 
+def _caller_headers(env: Mapping[str, str], key_header: str) -> tuple[str, ...]:
+    value = _text(env, "IDEMPOTENCY_CALLER_HEADERS")
+    if value is None:
+        return ()
+    names = [name.strip() for name in value.split(",")]
+    for name in names:
+        if not _HEADER_NAME.fullmatch(name):
+            raise IdempotencyConfigurationError(
+                f"IDEMPOTENCY_CALLER_HEADERS={value!r} is not accepted: {name!r} is not an HTTP header name (a "
+                "comma-separated list of names of 1 to 128 of A-Z a-z 0-9 and !#$%&'*+.^_`|~-)"
+            )
+        if name.lower() == key_header.lower():
+            raise IdempotencyConfigurationError(
+                f"IDEMPOTENCY_CALLER_HEADERS={value!r} names the key header {key_header!r}: the caller must be "
+                "another header"
+            )
+    return tuple(dict.fromkeys(name.lower() for name in names))
+
+
 def _attribute(env: Mapping[str, str], name: str, default: str | None) -> str | None:
     value = _text(env, name, default)
     if value is not None and len(value.encode()) > 255:
@@ -192,6 +214,8 @@ def load(env: Mapping[str, str] | None = None) -> Config:
             "!#$%&'*+.^_`|~-)"
         )
 
+    caller_headers = _caller_headers(env, key_header)
+
     defaults = Attributes()
     attributes = Attributes(
         **{field: _attribute(env, variable, getattr(defaults, field)) for field, variable in _ATTR_VARIABLES.items()}
@@ -240,6 +264,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         payload_jmespath=_text(env, "IDEMPOTENCY_PAYLOAD_JMESPATH"),
         http=_choice(env, "IDEMPOTENCY_HTTP", "auto", _HTTP_MODES),
         key_header=key_header,
+        caller_headers=caller_headers,
         key_prefix=prefix or "",
         require_key=_bool(env, "IDEMPOTENCY_REQUIRE_KEY", False),
         ttl_seconds=_int(env, "IDEMPOTENCY_TTL_SECONDS", 3600, 1, 366 * 24 * 3600),

@@ -59,7 +59,7 @@ def _chained() -> bool:
     """Whether a wrapper runs after ours (IDEMPOTENCY_NEXT_WRAPPER, which the wrapper has checked): its handler
     then calls ours and looks at what we return (a tracer reads a dict's statusCode), so it must get the
     handler's own kind of value, not the runtime's raw JSON."""
-    return bool(os.environ.get("IDEMPOTENCY_NEXT_WRAPPER"))
+    return bool(os.environ.get("IDEMPOTENCY_NEXT_WRAPPER", "").strip())  # blank counts as unset, as in the wrapper
 
 
 def _restore(text: str) -> Any:
@@ -289,7 +289,7 @@ else:
                 value = None if is_empty(selected) else ["expression", selected]
             key = fingerprint = None  # the whole-event key would make every retry new: requests carry ids
             if value is not None:
-                key = _keys.key_of(http.key_material(request, value))
+                key = _keys.key_of(http.key_material(request, value, CONFIG.caller_headers))
                 if CONFIG.payload_jmespath:
                     fingerprint = _keys.fingerprint(event)
                 else:

@@ -337,3 +337,29 @@ def test_a_response_is_replayed_to_its_caller_only(form: str, primary: str, envi
     again = send("alice", retry=True)
     assert again["body"] == alice["body"] and headers_of(again)["idempotent-replayed"] == "true"
     assert executions.count(mark) == 2
+
+
+@pytest.mark.parametrize("form", ["rest", "v2", "alb"])
+def test_caller_headers_keep_callers_apart_when_the_function_authenticates_them(
+        form: str, primary: str, environments: Environments, shared_table: str, executions: Executions) -> None:
+    """No authorizer: the function checks the Authorization header itself, so only that header tells callers
+    apart (issue 20's hostile round: without IDEMPOTENCY_CALLER_HEADERS, Bob got Alice's response)."""
+    env = web(environments, primary, shared_table, {"IDEMPOTENCY_CALLER_HEADERS": "Authorization"})
+    mark = marker()
+
+    def send(token: str, header: str = "Authorization") -> dict[str, Any]:
+        event = request(form, f'"{mark}"', {"marker": mark})
+        for name in ("headers", "multiValueHeaders"):
+            if name in event:
+                value = f"Bearer {token}"
+                event[name][header if form == "rest" else header.lower()] = value if name == "headers" else [value]
+        return answer(env.invoke(event))
+
+    alice = send("alice")
+    bob = send("bob")  # Alice's key and body, Bob's credentials: his own request
+    assert "idempotent-replayed" not in headers_of(bob)
+    assert json.loads(bob["body"])["orderId"] != json.loads(alice["body"])["orderId"]
+    assert executions.count(mark) == 2
+    again = send("alice", header="AUTHORIZATION")  # the same caller, the header in another case
+    assert again["body"] == alice["body"] and headers_of(again)["idempotent-replayed"] == "true"
+    assert executions.count(mark) == 2

@@ -61,6 +61,9 @@ def test_false_booleans(text):
         ("IDEMPOTENCY_STREAM_FAILURES", "first", "checkpoint, records"),
         ("IDEMPOTENCY_HTTP", "on", "auto, off"),
         ("IDEMPOTENCY_KEY_HEADER", "Idempotency Key", "not an HTTP header name"),
+        ("IDEMPOTENCY_CALLER_HEADERS", "Authorization, X User", "'X User' is not an HTTP header name"),
+        ("IDEMPOTENCY_CALLER_HEADERS", "authorization,", "'' is not an HTTP header name"),
+        ("IDEMPOTENCY_CALLER_HEADERS", "idempotency-key", "names the key header"),
         ("IDEMPOTENCY_WAIT_SECONDS", "901", "seconds from 0"),
         ("IDEMPOTENCY_WAIT_SECONDS", "soon", "seconds"),
         ("IDEMPOTENCY_IN_PROGRESS_SECONDS", "-1", "whole number from 0"),
@@ -198,3 +201,9 @@ def test_empty_or_blank_values_count_as_unset():
                    "IDEMPOTENCY_WAIT_SECONDS": " ", "IDEMPOTENCY_SCOPE": "", "IDEMPOTENCY_STREAM_FAILURES": " "})
     assert (config.ttl_seconds, config.payload_jmespath, config.wait_seconds, config.scope) == (3600, None, 0, "auto")
     assert config.stream_failures == "checkpoint"
+
+
+def test_caller_headers_are_a_lower_cased_list_without_repeats():
+    assert load(BASE).caller_headers == ()
+    config = load({**BASE, "IDEMPOTENCY_CALLER_HEADERS": " Authorization , X-Api-Key,authorization "})
+    assert config.caller_headers == ("authorization", "x-api-key")

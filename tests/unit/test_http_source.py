@@ -82,3 +82,15 @@ def test_the_replay_marker_replaces_the_handlers_own_in_any_case():
 def test_the_key_names_the_source_method_route_and_caller():
     request = http.parse(V2)
     assert http.key_material(request, "k") == ["k", "v2", "POST", "POST /orders", request.caller]
+
+
+def test_caller_headers_scope_the_key_in_any_case_and_leave_it_as_it_was_when_unset():
+    request = http.parse({**V2, "headers": {**V2["headers"], "authorization": "Bearer alice"}})
+    bob = http.parse({**V2, "headers": {**V2["headers"], "authorization": "Bearer bob"}})
+    assert http.key_material(request, "k", ()) == http.key_material(request, "k")  # unset: keys as before
+    assert http.key_material(request, "k", ("authorization",)) != http.key_material(bob, "k", ("authorization",))
+    rest = http.parse({**REST, "headers": {**REST["headers"], "Authorization": "Bearer alice"},
+                       "multiValueHeaders": {**REST["multiValueHeaders"], "Authorization": ["Bearer alice"]}})
+    assert http.key_material(rest, "k", ("authorization",))[-1] == [["Bearer alice"]]
+    anonymous = http.parse(V2)
+    assert http.key_material(anonymous, "k", ("authorization",))[-1] == [None]  # anonymous callers share a scope

@@ -21,13 +21,15 @@ PROBE = (
     "'pythonpath': os.environ.get('PYTHONPATH')}))"
 )
 PROBE_CMD = [sys.executable, "-c", PROBE]
-WRAPPER_VARS = ("_HANDLER", "IDEMPOTENCY_ORIGINAL_HANDLER", "IDEMPOTENCY_NEXT_WRAPPER", "PYTHONPATH")
+WRAPPER_VARS = ("_HANDLER", "IDEMPOTENCY_ORIGINAL_HANDLER", "IDEMPOTENCY_NEXT_WRAPPER", "IDEMPOTENCY_WRAPPER_CHAINED",
+                "PYTHONPATH")
 
 
 def run(args: list[str], **env: str) -> dict:
     """Run the wrapper with `args` as the runtime command and the given extra environment."""
     base = {k: v for k, v in os.environ.items() if k not in WRAPPER_VARS}
-    out = subprocess.run(["bash", str(WRAPPER), *args], env={**base, **env}, capture_output=True, text=True, check=True)
+    out = subprocess.run(["bash", str(WRAPPER), *args], env={**base, **env}, capture_output=True, text=True, check=True,
+                         timeout=30)  # a wrapper that loops fails the test instead of hanging it
     return json.loads(out.stdout)
 
 
@@ -135,3 +137,24 @@ def test_a_next_wrapper_that_cannot_run_is_named(tmp_path: Path, problem: str) -
     assert proc.returncode == 126
     assert proc.stdout == ""  # the runtime did not start
     assert f"IDEMPOTENCY_NEXT_WRAPPER={nxt} is not an executable file" in proc.stderr
+
+
+@pytest.mark.parametrize("blank", ["", "  ", "\t"])
+def test_a_blank_next_wrapper_counts_as_unset(blank: str) -> None:
+    got = run(PROBE_CMD, _HANDLER="app.handler", IDEMPOTENCY_NEXT_WRAPPER=blank)
+    assert (got["handler"], got["original"], got["argv"]) == (INTERCEPTOR, "app.handler", [])
+
+
+def test_a_next_wrapper_that_is_ours_runs_the_runtime_once() -> None:
+    got = run(PROBE_CMD, _HANDLER="app.handler", IDEMPOTENCY_NEXT_WRAPPER=str(WRAPPER))
+    assert (got["handler"], got["original"]) == (INTERCEPTOR, "app.handler")
+
+
+def test_a_next_wrapper_that_execs_ours_again_runs_once(tmp_path: Path) -> None:
+    record = tmp_path / "runs.txt"
+    nxt = tmp_path / "loops-back"
+    nxt.write_text(f'#!/bin/bash\necho ran >> {record}\nexec bash {WRAPPER} "$@"\n')
+    nxt.chmod(0o755)
+    got = run(PROBE_CMD, _HANDLER="app.handler", IDEMPOTENCY_NEXT_WRAPPER=str(nxt))
+    assert record.read_text().splitlines() == ["ran"]
+    assert (got["handler"], got["original"]) == (INTERCEPTOR, "app.handler")

@@ -192,9 +192,14 @@ def key_header(request: Request, name: str) -> str | None:
     return value
 
 
-def key_material(request: Request, value: Any) -> list[Any]:
-    """What the stored key is made of: one caller's key for one route of one source, never another caller's."""
-    return [value, request.form, request.method, request.route, request.caller]
+def key_material(request: Request, value: Any, caller_headers: tuple[str, ...] = ()) -> list[Any]:
+    """What the stored key is made of: one caller's key for one route of one source, never another caller's.
+    `caller_headers` (IDEMPOTENCY_CALLER_HEADERS, lower-cased) name the caller too: every value of each, or
+    null for one the request does not carry. Unset, the key is what it was before the setting existed."""
+    material = [value, request.form, request.method, request.route, request.caller]
+    if caller_headers:
+        material.append([request.headers.get(name) for name in caller_headers])
+    return material
 
 
 def default_payload(request: Request) -> list[Any]:
