@@ -32,6 +32,8 @@ from .transport import (
     crc32_ok,
     decode_answer,
     encode_body,
+    json_object,
+    unreadable,
     worst_case_s,
 )
 
@@ -414,6 +416,8 @@ class LeanTransport:
                         code, message = str(error_part["Code"]), str(error_part["Message"])
                     except Exception:  # a body botocore's parser trips on: the status is all there is
                         code, message = str(status), "an error answer that cannot be read"
+                    if content.strip() and not json_object(content):
+                        message = unreadable(content)  # botocore made the body the message: it may hold a result
                     parsed = {"Error": {"Code": code, "Message": message}}
                     failure = DynamoDBError(operation, code, message, condition_item(code, content), status)
                     uncertain = uncertain or status >= 500  # a 5xx says nothing of whether it was applied
@@ -472,6 +476,10 @@ class Boto3Transport:
                 raise
             self.client = boto3.client(_SERVICE, region_name=os.environ["AWS_REGION"], config=config)
         self._methods: dict[str, Any] = {}
+        # botocore reads a 200 whose body is not JSON as an empty success (a claim that failed its condition
+        # would look taken) and makes a body it cannot parse an error's message: both are refused before it
+        # parses them. A public event of the client's, so nothing of botocore's is driven by hand.
+        self.client.meta.events.register(f"before-parse.{_SERVICE}", _refuse_unreadable)
 
     def call(self, operation: str, params: dict, deadline: float | None = None) -> dict:
         # A client's timeouts are fixed: when the call might outlast the deadline, it is waited for on a thread.
@@ -501,6 +509,27 @@ class Boto3Transport:
             code = type(error).__name__
             uncertain = code not in _NOT_SENT or self._max_attempts > 1
             raise DynamoDBError(operation, code, str(error), uncertain=uncertain) from error
+        except _Unreadable as error:
+            raise DynamoDBError(operation, "ResponseParserError", str(error), None, error.status,
+                                uncertain=True) from error
         except Exception as error:  # botocore tripped on an answer (e.g. an x-amz-crc32 that is no integer)
             raise DynamoDBError(operation, type(error).__name__, "the answer could not be read",
                                 uncertain=True) from error
+
+
+class _Unreadable(Exception):
+    """An answer whose body is not DynamoDB's JSON: nothing says what it answered, or whether it was applied."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(unreadable(body))
+        self.status = status
+
+
+def _refuse_unreadable(response_dict: dict, **_: Any) -> None:
+    body = response_dict.get("body") or b""
+    status = response_dict.get("status_code") or 0
+    # An empty or HTML 5xx (a load balancer's) is botocore's to read: a 5xx, retried.
+    if status >= 500 and (not body.strip() or body.lstrip().startswith(b"<")):
+        return
+    if not json_object(body):
+        raise _Unreadable(status, body)

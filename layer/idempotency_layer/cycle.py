@@ -27,6 +27,7 @@ from .errors import (
     IdempotencyResultTooLargeError,
 )
 from .store import COMPLETED, Record, Store
+from .transport import LAST_CHANCE_S
 
 MAX_CLAIM_ATTEMPTS = 3
 # A claim outlasts its invocation's deadline by this much. Whether a claim has expired is judged by the clock of
@@ -45,6 +46,10 @@ RETURN_MARGIN_MS = 300
 # while a retry would start this long before the deadline (its attempt is cut at RETURN_MARGIN_MS): every
 # completion that lands is a handler that no later copy runs again.
 FIRST_COMPLETE_RETRY_S, LAST_COMPLETE_RETRY_S, COMPLETE_MARGIN_MS = 0.1, 2.0, RETURN_MARGIN_MS + 50
+# A handler that returns too late for any attempt by RETURN_MARGIN_MS still gets one completion attempt, ending
+# this long before the deadline: a completion not made lets the next copy run the handler again, and one that
+# makes the function time out is no worse (the write usually takes milliseconds, and may still land).
+LATE_COMPLETE_MARGIN_MS = 50
 
 logger = logging.getLogger("idempotency_layer")
 
@@ -239,6 +244,10 @@ class Cycle:
         safe: the write is conditioned on our owner token, so a retry of a write that landed lands again."""
         expires_at = int(self.clock()) + self.ttl_seconds
         last = _requests_by(deadline)
+        if last is not None and deadline is not None and time.monotonic() >= last + LAST_CHANCE_S:
+            # No attempt would start by the usual bound: one attempt that ends LATE_COMPLETE_MARGIN_MS before
+            # the deadline (the transport gives an attempt until `last + LAST_CHANCE_S`).
+            last = deadline - LATE_COMPLETE_MARGIN_MS / 1000 - LAST_CHANCE_S
         retry_by = None if deadline is None else deadline - COMPLETE_MARGIN_MS / 1000
         delay = FIRST_COMPLETE_RETRY_S
         attempt = 1

@@ -37,6 +37,7 @@ from .transport import (
     crc32_ok,
     decode_answer,
     encode_body,
+    unreadable,
 )
 
 _SERVICE = "dynamodb"
@@ -850,8 +851,8 @@ def parse_error(status: int, body: bytes) -> tuple[str, str]:
         text = body.decode("utf-8", "replace")
         try:
             parsed = orjson.loads(text)
-        except orjson.JSONDecodeError:
-            parsed = {"message": text}
+        except orjson.JSONDecodeError:  # botocore takes the body as the message; it may hold a stored result
+            parsed = {"message": unreadable(body)}
         if not isinstance(parsed, dict):
             parsed = {}
     message = parsed.get("message", parsed.get("Message", ""))

@@ -211,11 +211,30 @@ def crc32_ok(headers: Any, body: bytes) -> bool:
 
 
 def decode_answer(operation: str, status: int, content: bytes) -> dict:
-    """A 2xx answer's body; one that is not JSON was applied, but nothing says what it answered."""
+    """A 2xx answer's body. DynamoDB answers every request with a JSON object (`{}` at least); a body that is
+    not one (empty, cut short, a proxy's page) may come from a request that was applied, but nothing says what
+    it answered, so it is never read as a success: a claim it answered could be someone else's."""
     try:
-        return orjson.loads(content) if content else {}
-    except orjson.JSONDecodeError as error:
-        raise DynamoDBError(operation, "ResponseParserError", str(error), None, status, uncertain=True) from None
+        answer = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise DynamoDBError(operation, "ResponseParserError", unreadable(content), None, status, uncertain=True)
+    return answer
+
+
+def unreadable(body: bytes) -> str:
+    """The message for an answer whose body is not DynamoDB's JSON (cut short, a proxy's page): its bytes may
+    hold anything, a stored result included, and no message or log line carries content."""
+    return f"an answer that is not DynamoDB's JSON ({len(body)} bytes, not shown)"
+
+
+def json_object(body: bytes) -> bool:
+    """Whether `body` is a JSON object, as every DynamoDB answer but an empty or HTML 5xx is."""
+    try:
+        return isinstance(orjson.loads(body), dict)
+    except orjson.JSONDecodeError:
+        return False
 
 
 def condition_item(code: str, body: bytes) -> dict | None:

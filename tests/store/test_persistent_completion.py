@@ -216,3 +216,24 @@ def test_a_refused_claim_is_not_withdrawn(kind, dynamodb, layer_env, table_name,
         with pytest.raises(IdempotencyPersistenceLayerError):
             cycle.run(KEY, lambda: pytest.fail("the handler ran"), LONG)
         assert proxy.operations() == {"PutItem": {THROTTLE: 1}}
+
+
+def test_a_handler_that_returns_in_the_last_moments_still_completes(transport, table_name):
+    """With less left than the usual bound (300 ms, then 100 ms for a last attempt), the completion still gets
+    one attempt ending 50 ms before the deadline: without it the record stayed in progress and the next copy
+    after the deadline ran the handler again (issue 20's hostile round: a handler ending 200 ms before an 8 s
+    deadline)."""
+    cycle, store = cycle_on(transport, table_name)
+    runs: list[int] = []
+    remaining_ms = 2_000
+    ends = time.monotonic() + remaining_ms / 1000
+
+    def late() -> str:
+        runs.append(1)
+        time.sleep(max(0.0, ends - 0.2 - time.monotonic()))  # 200 ms left: past the 300 ms + 100 ms bound
+        return "placed"
+
+    assert cycle.run(KEY, late, remaining_ms).value == "placed"
+    assert time.monotonic() < ends  # returned before the deadline
+    assert store.get(KEY).status == COMPLETED
+    assert cycle.run(KEY, lambda: runs.append(1), LONG).replayed and runs == [1]

@@ -35,7 +35,14 @@ KINDS = (THROTTLE, PROVISIONED, INTERNAL, RESET, DROP_REPLY, LATENCY)
 # answer only. Either way the connection then stays open, silent, until the proxy closes.
 STALL = "stall"
 STALL_AFTER_BYTE = "stall_after_byte"
-SCRIPTED = (STALL, STALL_AFTER_BYTE, *KINDS)
+# Damaged answers, also only scripted: the request is forwarded (and applied), then the client gets a 200 whose
+# body is a proxy's page (NOT_JSON) or nothing (EMPTY), or DynamoDB's own answer with a Content-Length 5 bytes
+# short and no x-amz-crc32 (SHORT), and the connection is closed.
+NOT_JSON = "not_json"
+EMPTY = "empty"
+SHORT = "short"
+DAMAGED = (NOT_JSON, EMPTY, SHORT)
+SCRIPTED = (STALL, STALL_AFTER_BYTE, *DAMAGED, *KINDS)
 FORWARDED = "forwarded"  # passed through untouched
 CONNECTIONS = "connections"  # client connections accepted
 UPSTREAM_ERROR = "upstream_error"  # DynamoDB Local failed or closed the connection: the client was reset
@@ -145,6 +152,19 @@ def _reset(sock: socket.socket) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     with contextlib.suppress(OSError):
         sock.close()
+
+
+def damaged(kind: str, head: bytes, body: bytes) -> bytes:
+    """The DAMAGED treatment `kind` of DynamoDB's answer `head` + `body`."""
+    if kind in (NOT_JSON, EMPTY):
+        page = b"<html>hello</html>" if kind == NOT_JSON else b""
+        return (b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nConnection: close\r\n"
+                b"Content-Length: " + str(len(page)).encode() + b"\r\n\r\n" + page)
+    lines = [line for line in head.split(b"\r\n")
+             if not line.lower().startswith((b"content-length:", b"x-amz-crc32:", b"connection:"))]
+    lines.insert(1, b"Content-Length: " + str(max(0, len(body) - 5)).encode())
+    lines.insert(1, b"Connection: close")
+    return b"\r\n".join(lines[:-2]) + b"\r\n\r\n" + body
 
 
 def error_response(kind: str) -> bytes:
@@ -351,6 +371,9 @@ class FaultProxy:
                     raise
                 if kind == DROP_REPLY:  # the request took effect; the client never hears of it
                     _reset(client)
+                    return
+                if kind in DAMAGED:  # the request took effect; its answer is not DynamoDB's
+                    client.sendall(damaged(kind, r_head, r_body))
                     return
                 if kind == STALL_AFTER_BYTE:  # the request took effect; its answer stops after one byte
                     client.sendall((r_head + r_body)[:1])
