@@ -366,7 +366,7 @@ def render(summary: dict[str, Any], markdown: bool = False, cprofile: bool = Tru
     return "\n".join(parts)
 
 
-# -- the README section ----------------------------------------------------------------------------------
+# -- the benchmark section of docs/performance.md (written to bench/README-section.md) -----------------
 
 NOTES = """\
 How it was measured, and where the systems differ:
@@ -479,7 +479,7 @@ def _within(value: float, limit: float, unit: str) -> str:
 
 
 def prose(summary: dict[str, Any]) -> list[str]:
-    """The README section's sentences on end-to-end CPU and init over TLS, from this run's figures."""
+    """The benchmark section's sentences on end-to-end CPU and init over TLS, from this run's figures."""
     found = []
     e2e = summary.get("e2e")
     if e2e and not e2e.get("skipped"):
@@ -530,15 +530,17 @@ def prose(summary: dict[str, Any]) -> list[str]:
 
 
 def readme_section(summary: dict[str, Any]) -> str:
+    """The benchmark section of docs/performance.md, pasted there whole below the page's introduction (the
+    file keeps its old name, bench/README-section.md); its links are relative to docs/."""
     meta = summary["meta"]
     sentences = prose(summary)
     return "\n".join([
-        "### Benchmark: this layer against Powertools `@idempotent`",
+        "## Benchmark: this layer against Powertools `@idempotent`",
         "",
         f"Measured {meta['date']} by `bench/run.py` (what `./build.sh bench` runs; {meta['seconds']} s) on "
         f"{meta['cpu']}, {meta['cores']} cores, Python {meta['python']}. Raw figures: `bench/results.json`.",
         "",
-        "![this layer / Powertools, per path](bench/ratios.png)",
+        "![this layer / Powertools, per path](../bench/ratios.png)",
         "",
         verdicts(summary),
         "",
@@ -627,7 +629,8 @@ def chart(summary: dict[str, Any], path: Path) -> None:
 
 
 if __name__ == "__main__":
-    # Re-render a results.json: python bench/report.py [results.json] [--markdown] [--readme: rewrite the section]
+    # Re-render a results.json: python bench/report.py [results.json] [--markdown]
+    # [--readme: rewrite bench/README-section.md, the section to paste into docs/performance.md]
     source = Path(next((a for a in sys.argv[1:] if not a.startswith("--")), Path(__file__).parent / "results.json"))
     loaded = json.loads(source.read_text())
     if "--readme" in sys.argv:

@@ -9,7 +9,8 @@ One run, one DynamoDB Local behind one counting proxy, the same events for every
   3. end to end under the Runtime Interface Emulator (bench/rie_bench.py): the function bare, with the layer and
      with Powertools;
   4. where the layer's hot path spends its CPU (bench/profile_hot.py): parts timed alone, and cProfile.
-It reports; it asserts nothing about speed. Output: a table on stdout, bench/results.json, bench/ratios.png.
+It reports; it asserts nothing about speed. Output: a table on stdout, bench/results.json, bench/ratios.png and
+bench/README-section.md, the benchmark section to paste into docs/performance.md below its introduction.
 """
 
 from __future__ import annotations
@@ -57,8 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-e2e", action="store_true", help="skip the Runtime Interface Emulator part")
     parser.add_argument("--no-init", action="store_true", help="skip the init part")
     parser.add_argument("--no-profile", action="store_true", help="skip profiling the layer's hot path")
-    parser.add_argument("--out", type=Path, help="where results.json, ratios.png and README-section.md go "
-                        "(default: bench/, or a temporary folder with --quick, so a smoke run never replaces them)")
+    parser.add_argument("--out", type=Path, help="where results.json, ratios.png and README-section.md (the "
+                        "benchmark section of docs/performance.md) go (default: bench/, or a temporary folder with "
+                        "--quick, so a smoke run never replaces them)")
     args = parser.parse_args(argv)
     if args.out is None:
         args.out = Path(tempfile.mkdtemp(prefix="idempotency-bench-quick-")) if args.quick else BENCH

@@ -40,7 +40,7 @@ def marker() -> str:
 
 
 def record_id(value: Any, prefix: str = FUNCTION) -> str:
-    """The record key the layer must store for `value` (README: `<prefix>#<sha256 of canonical JSON>`)."""
+    """The record key the layer must store for `value` (docs/how-it-works.md: `<prefix>#<sha256 of canonical JSON>`)."""
     canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
     return f"{prefix}#{hashlib.sha256(canonical).hexdigest()}"
 

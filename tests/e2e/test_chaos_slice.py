@@ -12,7 +12,7 @@ from typing import Any
 from tests.support.chaos import Settings, report_lines, soak
 from tests.support.fault_proxy import KINDS
 
-# Every second environment's clock 0.5 s ahead: inside the claim's 1 s margin (README, Clocks).
+# Every second environment's clock 0.5 s ahead: inside the claim's 1 s margin (docs/reliability.md, Clocks).
 SLICE = Settings(invocations=300, duplicates=0.3, fault_rate=0.12, kill_rate=0.05, environments=4, seed=10, timeout=4,
                  skew_s=0.5, overrun=0.03)
 

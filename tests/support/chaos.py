@@ -76,7 +76,7 @@ PROGRESS_EVERY_S = 15.0
 # Slack for the early-rerun check: the handler reads its clock after its claim, and the soak's send time is
 # before the emulator sets the deadline, so both err on the lenient side already; this covers clock reads.
 EARLY_SLACK_S = 0.05
-# The claim margin the README promises (Clocks), written here rather than read from the layer: a change to the
+# The claim margin docs/reliability.md promises (Clocks), written here rather than read from the layer: a change to the
 # layer's constant is then caught by the soak, not followed by it.
 CLAIM_MARGIN_S = 1.0
 
@@ -149,7 +149,7 @@ def faketime_library() -> str:
 
 
 def record_id(key: str) -> str:
-    """The layer's record key for `key` (README How it works: `<prefix>#<sha256 of the canonical JSON>`)."""
+    """The layer's record key for `key` (docs/how-it-works.md: `<prefix>#<sha256 of the canonical JSON>`)."""
     canonical = json.dumps(key, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
     return f"{FUNCTION}#{hashlib.sha256(canonical).hexdigest()}"
 
