@@ -4,7 +4,7 @@
 #   ./build.sh test [PYTEST_ARGS...]    fresh-machine setup, ruff, build, downloads, pytest
 #   ./build.sh demo                     the unmodified examples/orders handler under the layer, locally
 #   ./build.sh bench [ARGS...]          bench/run.py
-#   ./build.sh chaos [ARGS...]          the fault-injection soak (tests/support/chaos.py; --help for its flags)
+#   ./build.sh chaos [ARGS...]          the fault-injection soak (tools/chaos.py; --help for its flags)
 #   ./build.sh sam-local                the README's SAM commands, run and checked (scripts/sam-local.sh)
 set -euo pipefail
 
@@ -160,7 +160,7 @@ ensure_java() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null
 }
 
-# libfaketime skews one soak environment's clock (tests/support/chaos.py).
+# libfaketime skews one soak environment's clock (tools/chaos.py).
 ensure_faketime() {
   compgen -G '/usr/lib/*/faketime/libfaketimeMT.so.1' >/dev/null && return
   log "installing libfaketime for the soak's skewed clocks"
@@ -237,7 +237,7 @@ cmd_chaos() {
   ensure_venv test
   cmd_build
   "$VENV/bin/python" -m tests.support.downloads
-  in_run_tmpdir "$VENV/bin/python" -m tests.support.chaos "$@"
+  in_run_tmpdir "$VENV/bin/python" -m tools.chaos "$@"
 }
 
 cmd_sam_local() {

@@ -32,7 +32,7 @@ from .transport import LAST_CHANCE_S
 MAX_CLAIM_ATTEMPTS = 3
 # A claim outlasts its invocation's deadline by this much. Whether a claim has expired is judged by the clock of
 # the environment that wants to take it over; one whose clock runs ahead by up to this much still sees the
-# claim live until the invocation that holds it has been stopped (tests/support/model.py finds a double run
+# claim live until the invocation that holds it has been stopped (tools/model.py finds a double run
 # without it at 0.5 s of skew).
 CLAIM_MARGIN_MS = 1000
 # Waiting for another invocation's outcome: polls from 50 ms, doubling to 1 s, with jitter; and stop waiting

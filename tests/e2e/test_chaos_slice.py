@@ -1,4 +1,4 @@
-"""A slice of the fault-injection soak (`./build.sh chaos`, tests/support/chaos.py) in every test run: a few
+"""A slice of the fault-injection soak (`./build.sh chaos`, tools/chaos.py) in every test run: a few
 hundred invocations with duplicates, every kind of store fault, environments SIGKILLed mid-invocation, keys
 whose first execution overruns the timeout, and half the environments' clocks ahead; and not one key run
 twice, re-run too early, answered two ways, lost or left stuck."""
@@ -9,8 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tests.support.chaos import Settings, report_lines, soak
 from tests.support.fault_proxy import KINDS
+from tools.chaos import Settings, report_lines, soak
 
 # Every second environment's clock 0.5 s ahead: inside the claim's 1 s margin (docs/reliability.md, Clocks).
 SLICE = Settings(invocations=300, duplicates=0.3, fault_rate=0.12, kill_rate=0.05, environments=4, seed=10, timeout=4,

@@ -1,4 +1,4 @@
-"""The in-memory table the model check explores (tests/support/model.py) against DynamoDB Local: a sample of
+"""The in-memory table the model check explores (tools/model.py) against DynamoDB Local: a sample of
 the explored histories, each one's requests sent again in the order they landed, must get the same answers
 (success or ConditionalCheckFailed, the same old item, the same reads)."""
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from idempotency_layer.transport import DynamoDBError
-from tests.support.model import CHECK_FAILED, KEY, Bounds, explore
+from tools.model import CHECK_FAILED, KEY, Bounds, explore
 
 _runs = itertools.count()
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.chaos import Attempt, verdict
+from tools.chaos import Attempt, verdict
 
 TIMEOUT = 4.0
 

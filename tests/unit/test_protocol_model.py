@@ -1,4 +1,4 @@
-"""The record protocol, explored exhaustively in memory (tests/support/model.py): the real cycle and store over
+"""The record protocol, explored exhaustively in memory (tools/model.py): the real cycle and store over
 DynamoDB's semantics, every interleaving of two or three invocations of one key, with refused requests, lost
 replies, SDK retries, handler failures, crashes, deadlines and clock jumps. Each bound's history count is
 deterministic, so a change that shrinks the search shows here."""
@@ -9,7 +9,7 @@ import pytest
 
 from idempotency_layer.cycle import CLAIM_MARGIN_MS
 from idempotency_layer.store import DynamoDBStore
-from tests.support.model import Bounds, MemoryDynamoDB, Violation, explore
+from tools.model import Bounds, MemoryDynamoDB, Violation, explore
 
 SEARCHES = {
     # two copies racing, one fault and one crash anywhere, two clock jumps
@@ -76,7 +76,7 @@ def test_the_search_finds_a_completion_without_the_owner_fence(monkeypatch: pyte
 
 def test_the_search_finds_a_claim_without_the_margin(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("idempotency_layer.cycle.CLAIM_MARGIN_MS", 0)
-    monkeypatch.setattr("tests.support.model.CLAIM_MARGIN_MS", 0)
+    monkeypatch.setattr("tools.model.CLAIM_MARGIN_MS", 0)
     with pytest.raises(Violation, match="ran twice"):
         explore(Bounds(invocations=2, faults=1, crashes=1, advances=2, skew_s=(0.0, 0.5)))
 

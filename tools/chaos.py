@@ -1,8 +1,8 @@
-"""The fault-injection soak (`./build.sh chaos`, `python -m tests.support.chaos`; issue 10).
+"""The fault-injection soak (`./build.sh chaos`, `python -m tools.chaos`; issue 10).
 
 Several execution environments (the Runtime Interface Emulator and awslambdaric, the built layer attached with
-AWS_LAMBDA_EXEC_WRAPPER, `apps/chaos.py` as the function) run copies of the same events concurrently, the way
-Lambda retries and SQS redeliveries arrive, against DynamoDB Local behind the fault proxy. Environments are
+AWS_LAMBDA_EXEC_WRAPPER, `tests/e2e/apps/chaos.py` as the function) run copies of the same events concurrently,
+the way Lambda retries and SQS redeliveries arrive, against DynamoDB Local behind the fault proxy. Environments are
 SIGKILLed mid-invocation at a configured rate and replaced by fresh ones, as Lambda replaces a lost sandbox.
 Callers resend every copy until it succeeds (a first run or a replay), within an attempt budget, treating the
 in-progress and store errors as "retry later".
@@ -56,10 +56,10 @@ from typing import Any
 
 import boto3
 
-from . import downloads
-from .dynamodb_local import DynamoDBLocal, create_table, wait_for
-from .fault_proxy import KINDS, FaultProxy, even_mix
-from .rie import ROOT, Invocation, LambdaEnvironment, _session_members, ensure_layer, unpack_layer
+from tests.support import downloads
+from tests.support.dynamodb_local import DynamoDBLocal, create_table, wait_for
+from tests.support.fault_proxy import KINDS, FaultProxy, even_mix
+from tests.support.rie import ROOT, Invocation, LambdaEnvironment, _session_members, ensure_layer, unpack_layer
 
 APP = ROOT / "tests" / "e2e" / "apps" / "chaos.py"
 HANDLER = "chaos.handler"

@@ -19,7 +19,7 @@ Invariants, checked on every history:
 - every write after a claim is conditioned on the writer's own owner token, and at most one completion lands;
 - no history ends with a live claim past the deadline of the invocation that made it (no stuck key).
 
-`python -m tests.support.model` runs a deeper search than the suite's.
+`python -m tools.model` runs a deeper search than the suite's.
 """
 
 from __future__ import annotations
