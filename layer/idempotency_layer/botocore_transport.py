@@ -34,6 +34,7 @@ from .transport import (
     encode_body,
     json_object,
     unreadable,
+    unreadable_error,
     worst_case_s,
 )
 
@@ -416,11 +417,14 @@ class LeanTransport:
                         code, message = str(error_part["Code"]), str(error_part["Message"])
                     except Exception:  # a body botocore's parser trips on: the status is all there is
                         code, message = str(status), "an error answer that cannot be read"
-                    if content.strip() and not json_object(content):
+                    damaged = unreadable_error(status, content)
+                    if damaged:
                         message = unreadable(content)  # botocore made the body the message: it may hold a result
                     parsed = {"Error": {"Code": code, "Message": message}}
                     failure = DynamoDBError(operation, code, message, condition_item(code, content), status)
-                    uncertain = uncertain or status >= 500  # a 5xx says nothing of whether it was applied
+                    # A 5xx says nothing of whether it was applied, nor does an answer that is not DynamoDB's
+                    # JSON (a 400 cut short may have answered a claim that landed).
+                    uncertain = uncertain or status >= 500 or damaged
             context = retry.context(
                 operation,
                 attempt,
@@ -528,8 +532,5 @@ class _Unreadable(Exception):
 def _refuse_unreadable(response_dict: dict, **_: Any) -> None:
     body = response_dict.get("body") or b""
     status = response_dict.get("status_code") or 0
-    # An empty or HTML 5xx (a load balancer's) is botocore's to read: a 5xx, retried.
-    if status >= 500 and (not body.strip() or body.lstrip().startswith(b"<")):
-        return
-    if not json_object(body):
+    if (status < 300 and not json_object(body)) or (status >= 300 and unreadable_error(status, body)):
         raise _Unreadable(status, body)

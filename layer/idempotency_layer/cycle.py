@@ -244,9 +244,11 @@ class Cycle:
         safe: the write is conditioned on our owner token, so a retry of a write that landed lands again."""
         expires_at = int(self.clock()) + self.ttl_seconds
         last = _requests_by(deadline)
-        if last is not None and deadline is not None and time.monotonic() >= last + LAST_CHANCE_S:
-            # No attempt would start by the usual bound: one attempt that ends LATE_COMPLETE_MARGIN_MS before
-            # the deadline (the transport gives an attempt until `last + LAST_CHANCE_S`).
+        if last is not None and deadline is not None and time.monotonic() >= last:
+            # Under the usual bound an attempt starting now would get less than LAST_CHANCE_S, down to nothing
+            # (a handler returning 201 ms before the deadline got 1 ms): it gets up to LAST_CHANCE_S instead,
+            # ending LATE_COMPLETE_MARGIN_MS before the deadline at the latest (the transport gives an attempt
+            # until `last + LAST_CHANCE_S`), so the time a completion gets never shrinks as the handler ends later.
             last = deadline - LATE_COMPLETE_MARGIN_MS / 1000 - LAST_CHANCE_S
         retry_by = None if deadline is None else deadline - COMPLETE_MARGIN_MS / 1000
         delay = FIRST_COMPLETE_RETRY_S

@@ -38,6 +38,7 @@ from .transport import (
     decode_answer,
     encode_body,
     unreadable,
+    unreadable_error,
 )
 
 _SERVICE = "dynamodb"
@@ -951,7 +952,9 @@ class FastTransport:
                 else:
                     code, message = parse_error(status, content)
                     failure = DynamoDBError(operation, code, message, condition_item(code, content), status)
-                    uncertain = uncertain or status >= 500  # a 5xx says nothing of whether it was applied
+                    # A 5xx says nothing of whether it was applied, nor does an answer that is not DynamoDB's
+                    # JSON (a 400 cut short may have answered a claim that landed).
+                    uncertain = uncertain or status >= 500 or unreadable_error(status, content)
             decision = self.retry.delay(
                 operation,
                 attempt,

@@ -237,6 +237,15 @@ def json_object(body: bytes) -> bool:
         return False
 
 
+def unreadable_error(status: int, body: bytes) -> bool:
+    """Whether an error answer's body is not DynamoDB's JSON. An empty or HTML 5xx (a load balancer's) is read
+    as botocore reads it, a 5xx; any other body that is not a JSON object was damaged or is not DynamoDB's."""
+    stripped = body.strip()
+    if status >= 500 and (not stripped or stripped.startswith(b"<")):
+        return False
+    return not json_object(body)
+
+
 def condition_item(code: str, body: bytes) -> dict | None:
     """The old `Item` that DynamoDB returns with a failed condition, when asked for ALL_OLD."""
     if code != _CHECK_FAILED:

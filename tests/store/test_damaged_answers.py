@@ -19,7 +19,7 @@ from idempotency_layer.cycle import Cycle
 from idempotency_layer.errors import IdempotencyPersistenceLayerError
 from idempotency_layer.store import COMPLETED, DynamoDBStore
 from tests.conftest import TRANSPORTS, build_transport
-from tests.support.fault_proxy import DAMAGED, EMPTY, NOT_JSON, FaultProxy
+from tests.support.fault_proxy import DAMAGED, EMPTY, NOT_JSON, SHORT_REFUSAL, FaultProxy
 
 SECRET = "card-4111111111111111"
 LONG = 60_000
@@ -61,7 +61,7 @@ def test_a_damaged_answer_to_a_claim_fails_closed_and_quotes_nothing(
     assert cycle.run("fn#order-1", lambda: runs.append(1), LONG).value == {"paid": SECRET} and runs == [1]
 
 
-@pytest.mark.parametrize("damage", [NOT_JSON, EMPTY])
+@pytest.mark.parametrize("damage", [NOT_JSON, EMPTY, SHORT_REFUSAL])
 @pytest.mark.parametrize("kind", TRANSPORTS)
 def test_a_page_in_answer_to_a_first_claim_is_no_claim(
         kind: str, damage: str, damaging: FaultProxy, table_name: str, layer_env: Any,
@@ -71,7 +71,7 @@ def test_a_page_in_answer_to_a_first_claim_is_no_claim(
     cycle, store = _cycle(kind, damaging, table_name, monkeypatch)
     damaging.script("PutItem", damage)
     runs: list[int] = []
-    with pytest.raises(IdempotencyPersistenceLayerError, match="ResponseParserError"):
+    with pytest.raises(IdempotencyPersistenceLayerError, match=r"ResponseParserError|not DynamoDB's JSON"):
         cycle.run("fn#order-2", lambda: runs.append(1), LONG)
     assert runs == [] and store.get("fn#order-2") is None  # withdrawn
     assert cycle.run("fn#order-2", lambda: runs.append(1) or "placed", LONG).value == "placed" and runs == [1]

@@ -17,7 +17,7 @@ from idempotency_layer.errors import IdempotencyPersistenceLayerError
 from idempotency_layer.keys import KeyDeriver
 from idempotency_layer.sources import batch
 from idempotency_layer.store import COMPLETED, INPROGRESS, DynamoDBStore
-from idempotency_layer.transport import DynamoDBError
+from idempotency_layer.transport import DynamoDBError, _time_left
 from tests.conftest import TRANSPORTS, build_transport
 from tests.support import events
 from tests.support.fault_proxy import DROP_REPLY, LATENCY, THROTTLE, FaultProxy
@@ -237,3 +237,33 @@ def test_a_handler_that_returns_in_the_last_moments_still_completes(transport, t
     assert time.monotonic() < ends  # returned before the deadline
     assert store.get(KEY).status == COMPLETED
     assert cycle.run(KEY, lambda: runs.append(1), LONG).replayed and runs == [1]
+
+
+class RecordAttempts:
+    """Passes every call on; for each UpdateItem, notes the time its attempt was given and when it must end."""
+
+    def __init__(self, transport: Any) -> None:
+        self.transport = transport
+        self.attempts: list[tuple[float, float]] = []  # (seconds given, when it ends), time.monotonic()
+
+    def call(self, operation: str, params: dict[str, Any], deadline: float | None = None) -> dict[str, Any]:
+        if operation == "UpdateItem" and deadline is not None:
+            given = _time_left(deadline) or 0.0
+            self.attempts.append((given, time.monotonic() + given))
+        return self.transport.call(operation, params, deadline)
+
+
+@pytest.mark.parametrize("left_s", [0.29, 0.25, 0.21, 0.19, 0.12])
+def test_the_time_a_late_completion_gets_never_shrinks_to_nothing(transport, table_name, left_s):
+    """Returning 201 ms before the deadline gave the completion 1 ms, 199 ms before it 149 ms (issue 20's third
+    hostile round): a completion starting with under 300 ms left gets up to 100 ms, ending 50 ms before the
+    deadline at the latest."""
+    recording = RecordAttempts(transport)
+    cycle, store = cycle_on(recording, table_name)
+    remaining_ms = 1_500
+    ends = time.monotonic() + remaining_ms / 1000
+    cycle.run(KEY, lambda: time.sleep(max(0.0, ends - left_s - time.monotonic())) or "placed", remaining_ms)
+    (given, attempt_ends), = recording.attempts
+    assert given >= min(0.09, left_s - 0.06), f"{given * 1000:.0f} ms given with {left_s * 1000:.0f} ms left"
+    assert attempt_ends <= ends - 0.045
+    assert store.get(KEY).status == COMPLETED

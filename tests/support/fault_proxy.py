@@ -41,7 +41,9 @@ STALL_AFTER_BYTE = "stall_after_byte"
 NOT_JSON = "not_json"
 EMPTY = "empty"
 SHORT = "short"
-DAMAGED = (NOT_JSON, EMPTY, SHORT)
+# ... or a 400 ConditionalCheckFailedException whatever DynamoDB answered, its body cut short the same way.
+SHORT_REFUSAL = "short_refusal"
+DAMAGED = (NOT_JSON, EMPTY, SHORT, SHORT_REFUSAL)
 SCRIPTED = (STALL, STALL_AFTER_BYTE, *DAMAGED, *KINDS)
 FORWARDED = "forwarded"  # passed through untouched
 CONNECTIONS = "connections"  # client connections accepted
@@ -160,6 +162,10 @@ def damaged(kind: str, head: bytes, body: bytes) -> bytes:
         page = b"<html>hello</html>" if kind == NOT_JSON else b""
         return (b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nConnection: close\r\n"
                 b"Content-Length: " + str(len(page)).encode() + b"\r\n\r\n" + page)
+    if kind == SHORT_REFUSAL:
+        body = json.dumps({"__type": "com.amazonaws.dynamodb.v20120810#ConditionalCheckFailedException",
+                           "message": "The conditional request failed"}).encode()
+        head = b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/x-amz-json-1.0\r\n\r\n"
     lines = [line for line in head.split(b"\r\n")
              if not line.lower().startswith((b"content-length:", b"x-amz-crc32:", b"connection:"))]
     lines.insert(1, b"Content-Length: " + str(max(0, len(body) - 5)).encode())
