@@ -79,7 +79,8 @@ print(origin("idempotency_layer.interceptor"), origin("aws_lambda_powertools.uti
       origin("bench_handler"), origin("botocore.session"), flush=True)
 # Which transport the layer built, and whether its init went over TLS (the fast transport's Sender keeps the
 # context it made for its first connection); whether ssl was imported by ready, on any system.
-transport = getattr(sys.modules.get("idempotency_layer.interceptor"), "_transport", None)
+cycle = getattr(getattr(sys.modules.get("idempotency_layer.interceptor"), "handler", None), "cycle", None)
+transport = getattr(getattr(cycle, "store", None), "transport", None)
 sender = getattr(transport, "_http", None)
 print(type(transport).__name__ if transport is not None else "-", getattr(sender, "_https", "-"),
       getattr(sender, "_context", None) is not None, "ssl" in sys.modules, getattr(sender, "_cafile", None) or "-",

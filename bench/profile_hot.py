@@ -89,7 +89,7 @@ def _components(table: str) -> list[dict[str, Any]]:
 
     from idempotency_layer import codec, interceptor
 
-    transport = interceptor._transport
+    transport = interceptor.handler.cycle.store.transport
     small = bench_handler.handler(event("parts", 0), None)
     large = bench_handler.handler(event("parts", 0, "100k"), None)
     small_encoded, large_encoded = codec.encode(small), codec.encode(large)

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from idempotency_layer import codec
+from idempotency_layer import config as _config
 from idempotency_layer.config import Attributes
 from idempotency_layer.cycle import Cycle
 from idempotency_layer.errors import (
@@ -103,24 +104,35 @@ def _marshallable(value: Any) -> bool:
     return True
 
 
+class Built:
+    """A handler built by the interceptor's `build` from the settings, calling whatever `user_handler` is now."""
+
+    def __init__(self, interceptor: Any) -> None:
+        self.user_handler: Any = None
+        self.handler = interceptor.build(_config.load(), lambda event, context: self.user_handler(event, context))
+
+
 @pytest.fixture
 def load(tmp_path, monkeypatch, layer_env, proxy, table):
-    """The interceptor, imported fresh as at a function's init, with the runtime's marshaller loaded."""
+    """Handlers built from settings as at a function's init, with the runtime's marshaller loaded."""
     # Loaded only for these tests (the interceptor looks for it in sys.modules, as under the runtime).
     monkeypatch.setitem(sys.modules, _MARSHALLER, importlib.import_module(_MARSHALLER))
     (tmp_path / "pay_app.py").write_text("def handler(event, context):\n    raise AssertionError('replaced')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", proxy.endpoint)
     monkeypatch.setenv("AWS_LAMBDA_FUNCTION_NAME", "pay")
+    base = {"IDEMPOTENCY_ORIGINAL_HANDLER": "pay_app.handler", "IDEMPOTENCY_TABLE": table,
+            "IDEMPOTENCY_KEY_JMESPATH": "orderId"}
+    for name, value in base.items():
+        monkeypatch.setenv(name, value)
+    sys.modules.pop("idempotency_layer.interceptor", None)
+    sys.modules.pop("pay_app", None)
+    interceptor = importlib.import_module("idempotency_layer.interceptor")  # for its build, as at an init
 
-    def load_interceptor(**settings: str) -> Any:
-        env = {"IDEMPOTENCY_ORIGINAL_HANDLER": "pay_app.handler", "IDEMPOTENCY_TABLE": table,
-               "IDEMPOTENCY_KEY_JMESPATH": "orderId", **settings}
-        for name, value in env.items():
+    def load_interceptor(**settings: str) -> Built:
+        for name, value in {**base, **settings}.items():
             monkeypatch.setenv(name, value)
-        sys.modules.pop("idempotency_layer.interceptor", None)
-        sys.modules.pop("pay_app", None)
-        return importlib.import_module("idempotency_layer.interceptor")
+        return Built(interceptor)
 
     yield load_interceptor
     sys.modules.pop("idempotency_layer.interceptor", None)

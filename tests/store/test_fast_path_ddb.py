@@ -98,7 +98,7 @@ def test_the_interceptors_init_on_the_fast_path_imports_no_botocore(layer_env, t
     }
     code = (
         "import sys; import idempotency_layer.interceptor as i; "
-        "print(type(i._transport).__name__); "
+        "print(type(i.handler.cycle.store.transport).__name__); "
         "print(i.handler({'orderId': 'x'}, None)); "
         "print(' '.join(sorted(sys.modules)))"
     )

@@ -3,14 +3,23 @@
 Turns an HTTP event into what the cycle needs (a key from the Idempotency-Key header, scoped to the method,
 the route and every identity of the caller the request carries; a default payload fingerprint) and shapes
 responses the way each source expects them: problem responses (RFC 9457) for the layer's errors, and the replay
-marker header. Nothing here touches the table.
+marker header. `Runner` runs a request through the cycle by these rules; nothing else here touches the table.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any, NamedTuple
+
+from .. import errors
+from ..cycle import Cycle
+from ..keys import KeyDeriver, digest, is_empty
+from ..results import value_results
+
+logger = logging.getLogger("idempotency_layer")
 
 MAX_KEY_LENGTH = 255
 REPLAYED = "Idempotent-Replayed"
@@ -272,3 +281,84 @@ def mark_replayed(request: Request, response: Any, dumps: Callable[[Any], str | 
         headers[REPLAYED] = "true"
         marked["headers"] = headers
     return marked
+
+
+class Runner:
+    """Runs HTTP requests through the cycle: the key from the header (else what the key expression selects),
+    the layer's errors as problem responses, replays marked."""
+
+    def __init__(self, cycle: Cycle, keys: KeyDeriver, handler: Callable[[Any, Any], Any],
+                 remaining_ms: Callable[[Any], int], config: Any) -> None:
+        self.cycle = cycle
+        self.keys = keys
+        self.handler = handler
+        self.remaining_ms = remaining_ms  # of a context: read as the cycle starts, after the key is derived
+        self.key_header: str = config.key_header
+        self.key_jmespath: str | None = config.key_jmespath
+        self.payload_jmespath: str | None = config.payload_jmespath
+        self.caller_headers: tuple[str, ...] = config.caller_headers
+        self.require_key: bool = config.require_key
+        self._results: Any = None  # built for the first request that runs through the cycle
+
+    def _key(self, request: Request, event: Any) -> tuple[str | None, str | None]:
+        """The key and fingerprint of `request`, or (None, None) when it has no key; raises HeaderError or
+        IdempotencyKeyError."""
+        value = key_header(request, self.key_header)
+        # The header's value, else what the key expression selects; tagged, so the two never meet.
+        value = None if value is None else ["header", value]
+        if value is None and self.key_jmespath:
+            selected = self.keys.select(event)
+            value = None if is_empty(selected) else ["expression", selected]
+        if value is None:
+            return None, None  # the whole-event key would make every retry new: requests carry ids
+        key = self.keys.key_of(key_material(request, value, self.caller_headers))
+        if self.payload_jmespath:
+            return key, self.keys.fingerprint(event)
+        return key, f"{digest(default_payload(request))}.http"
+
+    def run(self, request: Request, event: Any, context: Any) -> Any:
+        """The response to `request`: the handler's, a replay of it marked, or a problem response."""
+        try:
+            key, fingerprint = self._key(request, event)
+        except (HeaderError, errors.IdempotencyKeyError) as error:
+            return problem(request, 400, str(error))
+        if key is None:
+            if self.require_key:
+                return problem(
+                    request, 400, f"the request has no {self.key_header} header and IDEMPOTENCY_REQUIRE_KEY is true"
+                )
+            logger.warning("an HTTP request without the %s header%s; running it without idempotency", self.key_header,
+                           f" and nothing selected by IDEMPOTENCY_KEY_JMESPATH={self.key_jmespath!r}"
+                           if self.key_jmespath else "")
+            return self.handler(event, context)
+        if self._results is None:
+            self._results = value_results()
+        # A payload 2.0 value without a statusCode is stored in the explicit form API Gateway made of it: its body
+        # is the text the runtime sent the first time, whatever a later runtime's marshaller would write.
+        results = self._results.shaped(lambda value, text: explicit(request, value, lambda _: text))
+        try:
+            outcome = self.cycle.run(key, partial(self.handler, event, context), self.remaining_ms(context),
+                                     fingerprint, results=results,
+                                     keep=lambda response: status_of(request, response) < 500)
+        except errors.IdempotencyPayloadMismatchError as error:
+            logger.info("%s; answered 422", error)
+            if not self.payload_jmespath:  # the default fingerprint: say what it covers
+                return problem(request, 422, f"key {key!r} was used before with another request (its method, "
+                               "path, query or body differ); the request did not run")
+            return problem(request, 422, str(error))
+        except errors.IdempotencyAlreadyInProgressError as error:
+            logger.info("%s; answered 409", error)
+            return problem(request, 409, str(error), retry_after=1)
+        except errors.IdempotencyResultTooLargeError as error:
+            logger.warning("%s; answered 500", error)
+            return problem(request, 500, str(error))
+        except errors.IdempotencyKeyError as error:
+            logger.warning("%s; answered 400", error)
+            return problem(request, 400, str(error))
+        except (errors.IdempotencyPersistenceLayerError, errors.IdempotencyClaimConflictError) as error:
+            logger.error("%s", error)
+            return problem(request, 503, "the idempotency store is unavailable; the request did not run",
+                           retry_after=1)
+        if not outcome.replayed:
+            return outcome.value
+        return mark_replayed(request, outcome.value, self._results.text)  # text: for an earlier version's record
