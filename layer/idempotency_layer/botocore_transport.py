@@ -24,6 +24,7 @@ from botocore.retries import quota, standard
 from .fast import after_fork
 from .transport import (
     _NOT_SENT,
+    CHECK_FAILED,
     DynamoDBError,
     _out_of_time,
     _time_left,
@@ -46,7 +47,6 @@ _API_VERSION = "2012-08-10"
 _TARGET_PREFIX = "DynamoDB_20120810."
 _CONTENT_TYPE = "application/x-amz-json-1.0"
 _CRC32_HEADER = "x-amz-crc32"
-_CHECK_FAILED = "ConditionalCheckFailedException"
 _MAX_POOL_CONNECTIONS = 10  # botocore's default
 
 
@@ -89,7 +89,7 @@ _COMMON_ERRORS = tuple(
 )
 _WRITE_ERRORS = (
     *_COMMON_ERRORS,
-    _ErrorShape(_CHECK_FAILED, {}),
+    _ErrorShape(CHECK_FAILED, {}),
     _ErrorShape("ItemCollectionSizeLimitExceededException", {}),
     _ErrorShape("TransactionConflictException", {}),
     _RETRYABLE_CONFLICT,
@@ -503,7 +503,7 @@ class Boto3Transport:
             response = error.response
             err = response.get("Error", {})
             code = err.get("Code", "")
-            item = response.get("Item") if code == _CHECK_FAILED else None
+            item = response.get("Item") if code == CHECK_FAILED else None
             metadata = response.get("ResponseMetadata", {})
             status = metadata.get("HTTPStatusCode")
             # botocore does not say how its earlier attempts ended: any of them may have been applied.

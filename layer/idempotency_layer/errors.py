@@ -22,12 +22,15 @@ class IdempotencyPayloadMismatchError(IdempotencyError):
 
 
 class IdempotencyPersistenceLayerError(IdempotencyError):
-    """The table could not be read or written; the handler was not run."""
+    """The table could not be read or written; the handler was not run.
 
-    # True when retrying cannot help (no table, no permission, a request the table refuses).
-    permanent: bool = False
-    # True when the failed request may have been applied all the same (its answer lost, a 5xx).
-    uncertain: bool = False
+    `permanent`: retrying cannot help (no table, no permission, a request the table refuses). `uncertain`: the
+    failed request may have been applied all the same (its answer lost, a 5xx)."""
+
+    def __init__(self, message: str, *, permanent: bool = False, uncertain: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+        self.uncertain = uncertain
 
 
 class IdempotencyResultTooLargeError(IdempotencyError):

@@ -30,6 +30,7 @@ import orjson
 from .sigv4 import Signer
 from .transport import (
     _NOT_SENT,
+    CHECK_FAILED,
     DynamoDBError,
     _out_of_time,
     _time_left,
@@ -44,7 +45,6 @@ from .transport import (
 _SERVICE = "dynamodb"
 _TARGET_PREFIX = "DynamoDB_20120810."
 _CONTENT_TYPE = "application/x-amz-json-1.0"
-_CHECK_FAILED = "ConditionalCheckFailedException"
 _MAX_IDLE = 10  # batch claims run up to 10 requests at once (sources/batch.py)
 
 # Regions of the `aws` partition: their DynamoDB endpoint is dynamodb.<region>.amazonaws.com. China
@@ -731,7 +731,7 @@ _COMMON_ERRORS = frozenset(
     )
 )
 _WRITE_ERRORS = _COMMON_ERRORS | {
-    _CHECK_FAILED,
+    CHECK_FAILED,
     "ItemCollectionSizeLimitExceededException",
     "TransactionConflictException",
     "ReplicatedWriteConflictException",

@@ -16,13 +16,12 @@ from typing import Any, Protocol
 from . import codec
 from .config import Attributes
 from .errors import IdempotencyConfigurationError, IdempotencyPersistenceLayerError
-from .transport import DynamoDBError, Transport
+from .transport import CHECK_FAILED, DynamoDBError, Transport
 
 _logger = logging.getLogger("idempotency_layer")
 
 INPROGRESS = "INPROGRESS"
 COMPLETED = "COMPLETED"
-_CHECK_FAILED = "ConditionalCheckFailedException"
 # Answers no retry can change: the table, the role or the request is wrong.
 _PERMANENT = frozenset({
     "AccessDeniedException", "ResourceNotFoundException", "ValidationException", "UnrecognizedClientException",
@@ -140,22 +139,19 @@ class DynamoDBStore:
         try:
             return self.transport.call(operation, params, deadline)
         except DynamoDBError as error:
-            if error.code == _CHECK_FAILED:
+            if error.code == CHECK_FAILED:
                 raise
-            failure = IdempotencyPersistenceLayerError(
-                f"DynamoDB {operation} on table {self.table!r} failed for key {key!r}: {error.code}: {error.message}"
-            )
-            failure.permanent = error.code in _PERMANENT
-            failure.uncertain = error.uncertain
-            raise failure from error
+            raise IdempotencyPersistenceLayerError(
+                f"DynamoDB {operation} on table {self.table!r} failed for key {key!r}: {error.code}: {error.message}",
+                permanent=error.code in _PERMANENT, uncertain=error.uncertain,
+            ) from error
         except Exception as error:
             # E.g. a credential refresh that failed outside botocore's own error types.
-            failure = IdempotencyPersistenceLayerError(
+            raise IdempotencyPersistenceLayerError(
                 f"DynamoDB {operation} on table {self.table!r} failed for key {key!r}: "
-                f"{type(error).__name__}: {error}"
-            )
-            failure.uncertain = True  # nothing says whether it was sent
-            raise failure from error
+                f"{type(error).__name__}: {error}",
+                uncertain=True,  # nothing says whether it was sent
+            ) from error
 
     def _record(self, key: str, item: dict[str, Any]) -> Record:
         """The record in `item`, an answer about `key`. An item of another key (a broken proxy or middlebox

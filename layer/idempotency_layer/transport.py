@@ -29,7 +29,7 @@ import orjson
 __all__ = ["DynamoDBError", "Transport", "make_transport"]
 
 _CRC32_HEADER = "x-amz-crc32"
-_CHECK_FAILED = "ConditionalCheckFailedException"
+CHECK_FAILED = "ConditionalCheckFailedException"  # a condition refused: the one answer the store reads, not a failure
 
 class DynamoDBError(Exception):
     """A DynamoDB request failed, after the transport's retries.
@@ -248,37 +248,10 @@ def unreadable_error(status: int, body: bytes) -> bool:
 
 def condition_item(code: str, body: bytes) -> dict | None:
     """The old `Item` that DynamoDB returns with a failed condition, when asked for ALL_OLD."""
-    if code != _CHECK_FAILED:
+    if code != CHECK_FAILED:
         return None
     try:
         item = orjson.loads(body).get("Item")
     except (orjson.JSONDecodeError, AttributeError):
         return None
     return item if isinstance(item, dict) else None
-
-
-# What lived here before the botocore-based parts moved to botocore_transport; reached lazily.
-_MOVED = frozenset(
-    (
-        "Boto3Transport",
-        "LeanTransport",
-        "configured_endpoint",
-        "parse_error",
-        "regional_endpoint",
-        "resolve_region",
-        "_OPERATIONS",
-        "_PoolHTTP",
-        "_RetryPolicy",
-        "_SessionHTTP",
-        "_SigV4Auth",
-        "_Response",
-    )
-)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        from . import botocore_transport
-
-        return getattr(botocore_transport, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,9 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from idempotency_layer import botocore_transport, fast
+from idempotency_layer.botocore_transport import LeanTransport
 from idempotency_layer.fast import FastTransport, Retry, plain_lambda
 from idempotency_layer.sigv4 import Signer
-from idempotency_layer.transport import DynamoDBError, LeanTransport, make_transport
+from idempotency_layer.transport import DynamoDBError, make_transport
 from tests.unit.test_transport import (  # noqa: F401 - fixtures
     Answer,
     Sleeps,

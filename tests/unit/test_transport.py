@@ -25,17 +25,15 @@ from botocore.retries import standard
 from botocore.session import Session
 
 from idempotency_layer import botocore_transport, transport
+from idempotency_layer.botocore_transport import Boto3Transport, LeanTransport, parse_error
 from idempotency_layer.transport import (
     DEADLINE,
     LAST_CHANCE_S,
-    Boto3Transport,
     DynamoDBError,
-    LeanTransport,
     condition_item,
     crc32_ok,
     encode_body,
     make_transport,
-    parse_error,
 )
 
 PREFIX = "com.amazonaws.dynamodb.v20120810#"
@@ -153,7 +151,7 @@ class Answer:
 
 
 def decide(status=None, code=None, exc=None, attempt=1, max_attempts=3, operation="PutItem", headers=None, body=b"{}"):
-    policy = transport._RetryPolicy(max_attempts, random=lambda: 1.0)  # no jitter: the top of the range
+    policy = botocore_transport._RetryPolicy(max_attempts, random=lambda: 1.0)  # no jitter: the top of the range
     response = None if status is None else Answer(status, body, headers)
     parsed = None if code is None else {"Error": {"Code": code, "Message": ""}}
     context = policy.context(
@@ -226,7 +224,7 @@ def test_max_attempts_counts_the_first_attempt():
 
 
 def test_the_retry_quota_stops_retries_after_sustained_failure():
-    policy = transport._RetryPolicy(10, random=lambda: 0.0)
+    policy = botocore_transport._RetryPolicy(10, random=lambda: 0.0)
     granted = 0
     for _ in range(100):
         context = policy.context(
@@ -243,7 +241,7 @@ def test_the_error_model_matches_botocores_dynamodb_model():
     def facts(name, metadata):
         return name, orjson.dumps([metadata.get("retryable"), metadata.get("error", {}).get("code")])
 
-    for name, ours in transport._OPERATIONS.items():
+    for name, ours in botocore_transport._OPERATIONS.items():
         theirs = {facts(e["shape"], model["shapes"][e["shape"]]) for e in model["operations"][name].get("errors", [])}
         assert {facts(s.name, s.metadata) for s in ours.error_shapes} == theirs, name
 
@@ -251,7 +249,7 @@ def test_the_error_model_matches_botocores_dynamodb_model():
 def test_our_stub_feeds_botocores_checkers():
     # The special DynamoDB checksum checker reaches through operation_model.service_model.service_name.
     context = standard.RetryContext(
-        attempt_number=1, operation_model=transport._OPERATIONS["GetItem"], http_response=Answer(200)
+        attempt_number=1, operation_model=botocore_transport._OPERATIONS["GetItem"], http_response=Answer(200)
     )
     assert standard.StandardRetryConditions(max_attempts=3).is_retryable(context) is False
 
@@ -370,9 +368,9 @@ def test_boto3_counts_the_first_attempt_too(aws_env):
 
 def test_an_endpoint_behind_a_proxy_goes_through_botocores_http_session(aws_env):
     aws_env.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
-    assert isinstance(lean()._http, transport._SessionHTTP)
+    assert isinstance(lean()._http, botocore_transport._SessionHTTP)
     aws_env.setenv("NO_PROXY", ".amazonaws.com")
-    assert isinstance(lean()._http, transport._PoolHTTP)
+    assert isinstance(lean()._http, botocore_transport._PoolHTTP)
 
 
 # -- against a scripted local server -------------------------------------------------------------------------
@@ -703,7 +701,7 @@ def test_lean_signature_is_botocores_own(monkeypatch):
     base = {"X-Amz-Target": "DynamoDB_20120810.GetItem", "Content-Type": "application/x-amz-json-1.0"}
 
     ours = AWSRequest(method="POST", url=url, data=body, headers={**base, "Host": "dynamodb.eu-west-1.amazonaws.com"})
-    transport._SigV4Auth(credentials, "dynamodb", "eu-west-1").add_auth(ours)
+    botocore_transport._SigV4Auth(credentials, "dynamodb", "eu-west-1").add_auth(ours)
     reference = AWSRequest(method="POST", url=url, data=body, headers=dict(base))
     auth.SigV4Auth(credentials, "dynamodb", "eu-west-1").add_auth(reference)
     assert ours.headers["Authorization"] == reference.headers["Authorization"]
