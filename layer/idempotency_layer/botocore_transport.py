@@ -417,7 +417,9 @@ class LeanTransport:
                         code, message = str(error_part["Code"]), str(error_part["Message"])
                     except Exception:  # a body botocore's parser trips on: the status is all there is
                         code, message = str(status), "an error answer that cannot be read"
-                    damaged = unreadable_error(status, content)
+                    # A failed condition's code came from the JSON object's __type: checked no further (a replay's
+                    # answer carries the whole record).
+                    damaged = code != CHECK_FAILED and unreadable_error(status, content)
                     if damaged:
                         message = unreadable(content)  # botocore made the body the message: it may hold a result
                     parsed = {"Error": {"Code": code, "Message": message}}

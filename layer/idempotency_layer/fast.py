@@ -954,7 +954,10 @@ class FastTransport:
                     failure = DynamoDBError(operation, code, message, condition_item(code, content), status)
                     # A 5xx says nothing of whether it was applied, nor does an answer that is not DynamoDB's
                     # JSON (a 400 cut short may have answered a claim that landed).
-                    uncertain = uncertain or status >= 500 or unreadable_error(status, content)
+                    # A failed condition's code came from the JSON object's __type: checked no further (a replay's
+                    # answer carries the whole record).
+                    damaged = code != CHECK_FAILED and unreadable_error(status, content)
+                    uncertain = uncertain or status >= 500 or damaged
             decision = self.retry.delay(
                 operation,
                 attempt,

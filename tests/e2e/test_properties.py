@@ -24,13 +24,26 @@ _keys = st.one_of(_text, st.just(Colour.RED), _text.map(str.encode), st.integers
                   st.none(), st.floats(allow_nan=False))
 _scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.integers(-(2**100), 2**100), st.floats(), _text,
                      st.sampled_from([Colour.BLUE, float("nan"), -0.0, "\x00"]), st.decimals(allow_nan=False))
-_results = st.one_of(st.binary(max_size=32), st.recursive(
-    _scalars,
-    lambda children: st.one_of(st.lists(children, max_size=4), st.lists(children, max_size=3).map(tuple),
-                               st.dictionaries(_keys, children, max_size=4), st.builds(Point, children, children),
-                               st.builds(lambda v: Row(v=v), children)),
-    max_leaves=20,
-))
+
+
+def results_of(scalars: Any, keys: Any) -> Any:
+    """Results a handler may return: bytes, or `scalars` nested in lists, tuples, dicts keyed by `keys`, named
+    tuples and objects with `_asdict()` (test_results_shapes.py draws them too)."""
+    return st.one_of(st.binary(max_size=32), st.recursive(
+        scalars,
+        lambda children: st.one_of(st.lists(children, max_size=4), st.lists(children, max_size=3).map(tuple),
+                                   st.dictionaries(keys, children, max_size=4), st.builds(Point, children, children),
+                                   st.builds(lambda v: Row(v=v), children)),
+        max_leaves=20,
+    ))
+
+
+def pickled(value: Any) -> str:
+    """`value` as it travels in an event to the function, which unpickles and returns it."""
+    return base64.b64encode(pickle.dumps(value)).decode()
+
+
+_results = results_of(_scalars, _keys)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
@@ -39,7 +52,7 @@ _results = st.one_of(st.binary(max_size=32), st.recursive(
 def test_replay_equals_the_first_response(primary: str, environments: Environments, shared_table: str,
                                           executions: Executions, value: Any) -> None:
     env = environments.shared(primary, shared_table)
-    event = {"marker": marker(), "action": "pickled", "value": base64.b64encode(pickle.dumps(value)).decode()}
+    event = {"marker": marker(), "action": "pickled", "value": pickled(value)}
     first = env.invoke(event)
     second = env.invoke(event)
     same_as_first(first, second, executions, event["marker"])

@@ -11,10 +11,8 @@ Values travel pickled in the event; executions are counted from the handler's ow
 
 from __future__ import annotations
 
-import base64
 import json
 import os
-import pickle
 import sys
 from decimal import Decimal
 from pathlib import Path
@@ -25,6 +23,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.e2e.conftest import APPS, PYTHONS, Environments, Executions, marker, same_as_first
+from tests.e2e.test_properties import pickled, results_of
 from tests.support import http_events
 
 sys.path.insert(0, str(APPS))
@@ -34,10 +33,6 @@ EXAMPLES = max(4, int(os.environ.get("IDEMPOTENCY_PROPERTY_EXAMPLES", "60")) // 
 PROPERTY = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                            HealthCheck.data_too_large])
-
-
-def _pickled(value: Any) -> str:
-    return base64.b64encode(pickle.dumps(value)).decode()
 
 
 # -- payload 2.0 simple responses ------------------------------------------------------------------------------
@@ -70,7 +65,7 @@ def test_a_simple_response_replays_with_the_first_response_as_its_body(
         version: str, environments: Environments, shared_table: str, executions: Executions, value: Any) -> None:
     env = environments.shared(version, shared_table, handler="simple_api.handler")
     mark = marker()
-    body = json.dumps({"marker": mark, "value": _pickled(value)})
+    body = json.dumps({"marker": mark, "value": pickled(value)})
     event = http_events.v2("POST", "/orders", {"Content-Type": "application/json", "Idempotency-Key": mark}, body)
     first = env.invoke(event)
     assert first.status == 200 and first.error_type is None, first.body[:300]
@@ -90,14 +85,8 @@ def test_a_simple_response_replays_with_the_first_response_as_its_body(
 _keys = st.one_of(_text, st.just(Colour.RED)).filter(lambda k: k != "red")  # keys that stay apart as JSON keys
 _scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.integers(-(2**100), 2**100), st.floats(), _text,
                      _unicode, st.sampled_from([Colour.BLUE, float("nan"), -0.0]), st.decimals(allow_nan=False))
-_results = st.one_of(st.binary(max_size=32), st.recursive(
-    _scalars,
-    lambda children: st.one_of(st.lists(children, max_size=4), st.lists(children, max_size=3).map(tuple),
-                               st.dictionaries(_keys, children, max_size=4), st.builds(Point, children, children),
-                               st.builds(lambda v: Row(v=v), children)),
-    max_leaves=20,
 # A top-level named tuple comes back as the dict the runtime makes of it, which a decorating wrapper then decorates.
-).filter(lambda v: not isinstance(v, (Point, Row))))
+_results = results_of(_scalars, _keys).filter(lambda v: not isinstance(v, (Point, Row)))
 
 
 @pytest.fixture
@@ -121,7 +110,7 @@ def test_a_chained_wrapper_reads_the_status_code_and_decorates_on_both_paths(tra
                                                                               executions: Executions) -> None:
     for value in ({"statusCode": 201, "headers": {"content-type": "application/json"}, "body": '{"id": 1}'},
                   {"statusCode": 200, "price": Decimal("19.990"), "nan": float("nan"), "n": 2**70, "t": "caf\u00e9"}):
-        event = {"marker": marker(), "action": "pickled", "value": _pickled(value)}
+        event = {"marker": marker(), "action": "pickled", "value": pickled(value)}
         first, again = traced.invoke(event), traced.invoke(event)
         assert first.error_type is None, first.body[:300]
         assert again.body == first.body
@@ -138,7 +127,7 @@ def test_a_chained_wrapper_reads_the_status_code_and_decorates_on_both_paths(tra
 @given(value=_results)
 def test_a_chained_wrapper_gets_the_handlers_kind_of_value_and_the_same_bytes(traced: Any, executions: Executions,
                                                                               value: Any) -> None:
-    event = {"marker": marker(), "action": "pickled", "value": _pickled(value)}
+    event = {"marker": marker(), "action": "pickled", "value": pickled(value)}
     first = traced.invoke(event)
     again = traced.invoke(event)
     if not same_as_first(first, again, executions, event["marker"]):
@@ -153,7 +142,7 @@ def test_a_record_stored_before_the_wrapper_was_chained_replays_as_a_value(
     plain = environments.shared(primary, shared_table)  # same function, same table: same keys
     value = {"statusCode": 200, "price": Decimal("1.50"), "e": Decimal("1E+5"), "f": 0.1, "n": 2**70,
              "nan": float("nan"), "t": "caf\u00e9", "l": [Decimal("-0"), 1e16]}
-    event = {"marker": marker(), "action": "pickled", "value": _pickled(value)}
+    event = {"marker": marker(), "action": "pickled", "value": pickled(value)}
     first = plain.invoke(event)
     assert first.error_type is None, first.body[:300]
     again = traced.invoke(event)

@@ -65,11 +65,16 @@ def test_run_twice_keeps_the_first_original(fake_ric: str) -> None:
     assert (got["argv"], got["original"]) == ([INTERCEPTOR], "orders.handler")
 
 
+def next_wrapper(path: Path, body: str) -> Path:
+    """An executable bash script at `path` running `body`: a wrapper to chain to."""
+    path.write_text(f"#!/bin/bash\n{body}\n")
+    path.chmod(0o755)
+    return path
+
+
 def test_chains_to_the_next_wrapper(tmp_path: Path) -> None:
     record = tmp_path / "argv.txt"
-    nxt = tmp_path / "otel-instrument"
-    nxt.write_text(f'#!/bin/bash\nprintf "%s\\n" "$@" > {record}\nexec "$@"\n')
-    nxt.chmod(0o755)
+    nxt = next_wrapper(tmp_path / "otel-instrument", f'printf "%s\\n" "$@" > {record}\nexec "$@"')
     got = run(PROBE_CMD, _HANDLER="app.handler", IDEMPOTENCY_NEXT_WRAPPER=str(nxt))
     assert record.read_text().splitlines() == PROBE_CMD
     # The next wrapper sees the swap already done.
@@ -152,9 +157,7 @@ def test_a_next_wrapper_that_is_ours_runs_the_runtime_once() -> None:
 
 def test_a_next_wrapper_that_execs_ours_again_runs_once(tmp_path: Path) -> None:
     record = tmp_path / "runs.txt"
-    nxt = tmp_path / "loops-back"
-    nxt.write_text(f'#!/bin/bash\necho ran >> {record}\nexec bash {WRAPPER} "$@"\n')
-    nxt.chmod(0o755)
+    nxt = next_wrapper(tmp_path / "loops-back", f'echo ran >> {record}\nexec bash {WRAPPER} "$@"')
     got = run(PROBE_CMD, _HANDLER="app.handler", IDEMPOTENCY_NEXT_WRAPPER=str(nxt))
     assert record.read_text().splitlines() == ["ran"]
     assert (got["handler"], got["original"]) == (INTERCEPTOR, "app.handler")

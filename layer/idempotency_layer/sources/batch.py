@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from .. import codec
+from ..config import STREAM_FAILURES
 from ..cycle import Cycle
 from ..errors import IdempotencyAlreadyInProgressError, IdempotencyKeyError, IdempotencyPayloadMismatchError
 from ..keys import KeyDeriver, is_empty
@@ -44,7 +45,6 @@ SOURCES = {
     "aws:kinesis": Source("Kinesis", ("kinesis", "sequenceNumber"), ("eventSourceARN", "eventID"), True, True),
     "aws:dynamodb": Source("DynamoDB Streams", ("dynamodb", "SequenceNumber"), ("eventID",), True, True),
 }
-STREAM_FAILURES = ("checkpoint", "records")  # IDEMPOTENCY_STREAM_FAILURES
 
 
 class Batch(NamedTuple):
