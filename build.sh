@@ -13,6 +13,7 @@ cd "$ROOT"
 
 ORJSON_VERSION=3.13.0 # has cp310..cp314 manylinux2014 wheels for x86_64 and aarch64
 BOTO3_VERSION=1.44.8  # only for --with-boto3; the runtime's boto3 is used otherwise
+CERTIFI_VERSION=2026.10.19.post1  # its CA bundle gets a shipped certificate directory (scripts/cacert_dirs.py)
 PYTHONS=(3.10 3.11 3.12 3.13 3.14)
 ARCHES=(x86_64 arm64)
 MAX_ZIP_BYTES=$((3 * 1024 * 1024))
@@ -107,6 +108,9 @@ build_arch() { # ARCH WITH_BOTO3
   fi
   find "$stage" \( -name __pycache__ -o -name '*.pyc' \) -prune -exec rm -rf {} +
   rm -rf "$stage/python/bin"
+  # OpenSSL reads only the certificates a chain needs from these, not the whole CA bundle (scripts/cacert_dirs.py).
+  "$(host_python)" scripts/cacert_dirs.py --no-host --scan "$stage/python" --scan "$ROOT/build/ca-bundles" \
+    "$stage/python/idempotency_layer/dynamodb/cacerts"
   # Bytecode of the layer's own modules for each Python this machine can compile for: /opt is read-only on
   # Lambda, so without it every cold start compiles them from source. Unchecked-hash .pyc files: valid
   # whatever the files' timestamps (the zip fixes them), and the sources never change under a layer.
@@ -133,6 +137,10 @@ cmd_build() {
   done
   [[ -d layer/idempotency_layer ]] || die "layer/idempotency_layer is missing"
   mkdir -p dist
+  # The CA bundles the layer trusts by default: the runtime's botocore's (BOTO3_VERSION's, as Lambda's Python
+  # images ship it), and certifi's for functions that ship certifi. Pinned, so every build ships the same.
+  rm -rf build/ca-bundles
+  cached_install build/ca-bundles --no-deps --only-binary=:all: "botocore==$BOTO3_VERSION" "certifi==$CERTIFI_VERSION"
   for arch in "${ARCHES[@]}"; do
     log "building $arch layer"
     build_arch "$arch" "$with_boto3"

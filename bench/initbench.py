@@ -77,13 +77,18 @@ def origin(name):
     return module.__file__ + ("|pyc" if cached and os.path.exists(cached) else "|source")
 print(origin("idempotency_layer.interceptor"), origin("aws_lambda_powertools.utilities.idempotency"),
       origin("bench_handler"), origin("botocore.session"), flush=True)
-# Which transport the layer built, and whether its init went over TLS (the fast transport's Sender keeps the
-# context it made for its first connection); whether ssl was imported by ready, on any system.
+# Which transport the layer built (the lean client with its target's source, or boto3), and whether its init went
+# over TLS (the connection pool keeps the context it made for its first connection); whether ssl was imported by
+# ready, on any system; how the layer trusted its CA bundle, as dynamodb.trust records it ("capath": a shipped
+# directory, "cafile": the file).
 cycle = getattr(getattr(sys.modules.get("idempotency_layer.interceptor"), "handler", None), "cycle", None)
 transport = getattr(getattr(cycle, "store", None), "transport", None)
-sender = getattr(transport, "_http", None)
-print(type(transport).__name__ if transport is not None else "-", getattr(sender, "_https", "-"),
-      getattr(sender, "_context", None) is not None, "ssl" in sys.modules, getattr(sender, "_cafile", None) or "-",
+pool = getattr(transport, "pool", None)
+tls = getattr(pool, "_context", None) is not None
+way = getattr(sys.modules.get("idempotency_layer.dynamodb.trust"), "last_way", None) or "-"
+source = getattr(getattr(transport, "target", None), "source", None)
+name = "-" if transport is None else type(transport).__name__ + (f"({source})" if source else "")
+print(name, getattr(pool, "_https", "-"), tls, "ssl" in sys.modules, getattr(pool, "_cafile", None) or "-", way,
       flush=True)
 """
 
@@ -97,12 +102,14 @@ def hwm():
 steps = [("python + handler module", "import bench_handler"),
          ("the runtime's bootstrap (awslambdaric.bootstrap)", "import awslambdaric.bootstrap"),
          ("orjson", "import orjson"),
-         ("socket, select, hmac (the fast transport's standard library)", "import socket, select, hmac"),
+         ("socket, select, hmac, http.client (the lean client's standard library)",
+          "import socket, select, hmac, http.client"),
          ("jmespath", "import jmespath"),
-         ("the rest of the interceptor's init (config, fast transport, handler)",
+         ("the rest of the interceptor's init (config, the DynamoDB client, handler)",
           "import idempotency_layer.interceptor"),
          ("an https endpoint's TLS context (import ssl, load the CA bundle of the https init rows)",
-          "import os; from idempotency_layer.fast import tls_context; tls_context(os.environ.get('BENCH_CA_BUNDLE'))")]
+          "import os; from idempotency_layer.dynamodb.trust import tls_context; "
+          "tls_context(os.environ.get('BENCH_CA_BUNDLE'))")]
 for name, code in steps:
     exec(code)
     print(hwm(), name, sep="\t")
@@ -119,10 +126,11 @@ VARIANTS = ("bare", "layer", "layer (no .pyc)", "layer-botocore", "layer-boto3",
 WRAPPER = LAYER_SRC.parent / "wrapper" / "idempotency-wrapper"
 # `layer-botocore`: the lean transport on its botocore path, as any environment other than the plain Lambda one
 # gets it (here: a config file that holds a section, which only botocore reads).
-# Over https (bench/tls.py: a TLS-terminating forwarder on loopback in front of DynamoDB Local), with
-# AWS_CA_BUNDLE set for every system to the CA bundle the layer would load on its own (certifi's or botocore's
-# cacert.pem, as fast.ca_bundle finds it) with the run's throwaway CA appended; `test CA only` trusts a bundle
-# of that CA alone, to show what loading the full bundle costs. Each is measured over `bare, https`.
+# Over https (bench/tls.py: a TLS-terminating forwarder on loopback in front of DynamoDB Local), with AWS_CA_BUNDLE
+# set for every system to the CA bundle the layer would load on its own (certifi's or botocore's cacert.pem, as
+# dynamodb.environment.ca_bundle finds it) with the run's throwaway CA appended; `test CA only` trusts a bundle of
+# that CA alone, to show what loading the full bundle costs. Each is measured over `bare, https`. The layer's copies
+# carry a certificate directory for the first bundle (_ship_cacerts); each probe says which way it trusted.
 TLS_VARIANTS = ("bare, https", "layer, https", "layer, https, test CA only", "powertools, https")
 HTTP_OF = {"bare, https": "bare", "layer, https": "layer", "layer, https, test CA only": "layer",
            "powertools, https": "powertools"}
@@ -197,11 +205,12 @@ def _probe(variant: str, env: dict[str, str], cwd: Path) -> dict[str, Any]:
         raise RuntimeError(f"init probe {variant} failed ({child.returncode}): {first}{rest}{errors}")
     _, cpu, hwm, rss = first.split()
     origins, transport = rest.splitlines()
-    name, https, tls, ssl_imported, cafile = transport.split()
+    name, https, tls, ssl_imported, cafile, way = transport.split()
     return {"wall_ms": wall * 1000, "cpu_ms": float(cpu) * 1000, "hwm_mb": int(hwm) / 1024,
             "rss_mb": int(rss) / 1024, "origins": origins.split(),
             "transport": {"name": name, "https": https == "True", "tls": tls == "True",
-                          "ssl_imported": ssl_imported == "True", "cafile": None if cafile == "-" else cafile}}
+                          "ssl_imported": ssl_imported == "True", "cafile": None if cafile == "-" else cafile,
+                          "trust": None if way == "-" else way}}
 
 
 def _direct(env: dict[str, str]) -> dict[str, str]:
@@ -251,7 +260,7 @@ def _tls_setup(tmp: Path, dirs: dict[str, Path], layer_env_: dict[str, str]) -> 
 
     made = tls.certificates(tmp / "tls")
     # The bundle the layer would load with no AWS_CA_BUNDLE, resolved as in its probe process.
-    done = subprocess.run([python(), "-c", "import os; from idempotency_layer.fast import ca_bundle; "
+    done = subprocess.run([python(), "-c", "import os; from idempotency_layer.dynamodb.environment import ca_bundle; "
                            "print(ca_bundle(os.environ))"], env=layer_env_, cwd=dirs["task"], capture_output=True,
                           text=True, check=True)
     default = done.stdout.strip()
@@ -261,8 +270,21 @@ def _tls_setup(tmp: Path, dirs: dict[str, Path], layer_env_: dict[str, str]) -> 
     dirs["bundle"] = tmp / "tls" / "bundle.pem"
     text = Path(default).read_text()
     dirs["bundle"].write_text(text.rstrip("\n") + "\n" + made.ca.read_text())
+    _ship_cacerts(dirs, [Path(default), dirs["bundle"]])
     return {"certificates_by": made.made_by, "default_bundle": default,
             "default_bundle_certs": text.count("BEGIN CERTIFICATE"), "cert": made.cert, "key": made.key}
+
+
+def _ship_cacerts(dirs: dict[str, Path], bundles: list[Path]) -> None:
+    """What the build ships (scripts/cacert_dirs.py) in both stand-in layer copies: a hashed certificate directory
+    per bundle, here also for the https rows' bundle (the default one plus the run's CA, which no build ships),
+    so that the layer, https row trusts it as the layer trusts its default bundle on Lambda (capath). The
+    `test CA only` bundle gets none: it is loaded as a file."""
+    from scripts import cacert_dirs  # the repository root is on sys.path (run.py)
+
+    for root in (dirs["opt-pyc"], dirs["opt"]):
+        for bundle in bundles:
+            cacert_dirs.make_dir(bundle, root / "idempotency_layer" / "dynamodb" / "cacerts")
 
 
 def measure(samples: int, endpoint: str, tmp: Path, tls_upstream: tuple[str, int] | None = None) -> dict[str, Any]:
@@ -318,8 +340,8 @@ def _measure(samples: int, variants: tuple[str, ...], envs: dict[str, dict[str, 
     for variant in variants:
         found = systems[variant]["transport"]
         if variant.startswith("layer") and variant in TLS_VARIANTS and not (found["https"] and found["tls"]) \
-                and found["name"] == "FastTransport":
-            raise RuntimeError(f"init probe {variant}: the fast transport's init made no TLS connection: {found}")
+                and found["name"] == "Client(environment)":
+            raise RuntimeError(f"init probe {variant}: the lean client's init made no TLS connection: {found}")
 
     def base(variant: str) -> dict[str, Any]:  # an https row is measured over the bare https row
         if variant.endswith("no runtime modules"):

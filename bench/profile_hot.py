@@ -99,19 +99,21 @@ def _components(table: str) -> list[dict[str, Any]]:
     small_encoded, large_encoded = codec.encode(small), codec.encode(large)
     body = b'{"TableName":"%s","Key":{"id":{"S":"bench#missing"}}}' % table.encode()
 
-    from idempotency_layer import fast
-    from idempotency_layer.transport import DynamoDBError, encode_body
+    from idempotency_layer.dynamodb import DynamoDBError, retry, wire
+    from idempotency_layer.dynamodb.client import Client
 
-    if not isinstance(transport, fast.FastTransport):
-        raise RuntimeError(f"the bench's layer should run the fast transport, not {type(transport).__name__}")
+    if not isinstance(transport, Client) or transport.target.source != "environment":
+        raise RuntimeError(f"the bench's layer should run the lean client on the environment's target, not {transport}")
     base = {"Content-Type": "application/x-amz-json-1.0", "Host": transport._host,
             "X-Amz-Target": "DynamoDB_20120810.GetItem"}
+    signer = transport._signer("GetItem", None)
 
     def signed() -> dict:
-        return transport._signer.sign(base, body)
+        return signer.sign(base, body)
 
     headers = signed()
-    sender = transport._http
+    sender = transport.pool
+    encode_body = wire.encode_body
 
     fresh = iter(range(10**9))
     claim_body = {"TableName": table, "Item": {"id": {"S": "bench#parts-existing"}, "n": {"N": "1"}},
@@ -127,11 +129,11 @@ def _components(table: str) -> list[dict[str, Any]]:
         transport.call("PutItem", {"TableName": table, "Item": {"id": {"S": f"bench#parts-{next(fresh)}"}}})
 
     failed = sender.send({**headers, "X-Amz-Target": "DynamoDB_20120810.PutItem"}, encode_body(claim_body))
-    decider = fast.Retry(3)
+    decider = retry.Retry(3)
 
     def retry_decision() -> None:
         decider.capacity = 500  # a fresh quota each time, so every call takes the whole decision
-        code, _ = fast.parse_error(failed.status, failed.body)
+        code, _ = wire.parse_error(failed.status, failed.body)
         decider.delay("PutItem", 1, status=failed.status, code=code, headers=failed.headers)
 
     def whole(kind: str) -> Any:
@@ -146,7 +148,7 @@ def _components(table: str) -> list[dict[str, Any]]:
         ("whole replay, back to back (not in lockstep)", whole("replay"), 200),
         ("transport.call, PutItem that succeeds", new_put, 300),
         ("transport.call, conditional PutItem that fails with ALL_OLD (a replay's claim)", failed_claim, 300),
-        ("  of which error parsing + retry decision (fast.parse_error, fast.Retry)",
+        ("  of which error parsing + retry decision (wire.parse_error, retry.Retry)",
          retry_decision, 2000),
         ("key derivation (KeyDeriver.key)", lambda: keys.key(event("parts", 1)), 2000),
         ("owner token (os.urandom(16).hex())", lambda: os.urandom(16).hex(), 5000),
@@ -155,7 +157,7 @@ def _components(table: str) -> list[dict[str, Any]]:
         ("codec.decode, small result", lambda: codec.decode(small_encoded), 5000),
         ("codec.decode, 100 KB result", lambda: codec.decode(large_encoded), 50),
         ("SigV4 (sigv4.Signer), one request", signed, 2000),
-        ("HTTP round trip, one request (fast.Sender.send, already signed)",
+        ("HTTP round trip, one request (connection.Pool.send, already signed)",
          lambda: sender.send(headers, body), 300),
         ("whole transport.call, one GetItem (sign + send + parse + retry bookkeeping)",
          lambda: transport.call("GetItem", {"TableName": table, "Key": {"id": {"S": "bench#missing"}}}), 300),

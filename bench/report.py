@@ -385,11 +385,12 @@ How it was measured, and where the systems differ:
   with md5 over `json.dumps`, deep-copies the event, stores results as uncompressed JSON; this layer hashes
   with sha256 over orjson and zlib-compresses results over 8 KB (the 100 KB result is stored as ~19 KB, hence
   its bytes ratio). Bytes count what clients send, not what they receive.
-- `layer` is the default lean transport, on its fast path (the bench's environment is the plain Lambda one,
-  with the endpoint pointed at the proxy); `layer-botocore` (init rows) is the same transport on its botocore
-  path, as with a non-empty AWS config file; `layer-boto3` is `IDEMPOTENCY_TRANSPORT=boto3`, the same boto3
-  client Powertools uses. The "handler imports boto3" init rows run a handler module that imports boto3 and
-  builds a DynamoDB client at import, bare, under the layer and with Powertools.
+- `layer` is the default lean transport with its target read from the environment (the bench's environment is
+  the plain Lambda one, with the endpoint pointed at the proxy); `layer-botocore` (init rows) is the same client
+  with its target from botocore, as with a non-empty AWS config file; `layer-boto3` is
+  `IDEMPOTENCY_TRANSPORT=boto3`, the same boto3 client Powertools uses. The "handler imports boto3" init rows run
+  a handler module that imports boto3 and builds a DynamoDB client at import, bare, under the layer and with
+  Powertools.
 - SQS rows: one invocation is one batch of 10 messages built by `tests/support/events.py` as Lambda sends
   them (bodies are the small rows' orders); "redelivered" is the same 10 messages again, same messageIds and
   new receipt handles. `layer-sqs` is the layer's defaults (no key expression, no `IDEMPOTENCY_SCOPE`: an SQS
@@ -501,8 +502,10 @@ def prose(summary: dict[str, Any]) -> list[str]:
     if tls and "layer, https" in tls["rows"]:
         t = tls["rows"]["layer, https"]
         found_transport = t["transport"]
-        path = ("on its fast path (FastTransport, TLS at init)" if found_transport["name"] == "FastTransport"
-                and found_transport["tls"] else f"on {found_transport['name']} (TLS at init: {found_transport['tls']})")
+        trusted = found_transport.get("trust", "-")
+        path = (f"on the lean client with the environment's target, TLS at init, its CA bundle trusted by {trusted}"
+                if found_transport["name"] == "Client(environment)" and found_transport["tls"]
+                else f"on {found_transport['name']} (TLS at init: {found_transport['tls']}, trust: {trusted})")
         text = (f"Init over TLS, measured in this run (an https endpoint on loopback: a TLS-terminating forwarder "
                 f"in front of DynamoDB Local, AWS_CA_BUNDLE = {_bundle_name(tls)} "
                 f"({tls['default_bundle_certs']} certificates, the bundle the layer loads on its own) plus the run's "

@@ -93,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
                 # The https rows go through a TLS forwarder straight to DynamoDB Local (one hop, as the proxy).
                 results["init"] = initbench.measure(init_samples, proxy.endpoint, Path(tmp),
                                                     tls_upstream=("127.0.0.1", ddb.port))
+                for variant, row in results["init"].get("tls", {}).get("rows", {}).items():
+                    # capath: the shipped certificate directory; cafile: the whole bundle loaded (dynamodb/trust.py)
+                    print(f"==> init {variant}: CA bundle trusted by {row['transport'].get('trust') or '-'}",
+                          file=sys.stderr)
             if not args.no_e2e:
                 import rie_bench
 

@@ -14,19 +14,20 @@ from localstack_client.session import Session
 from tests.support.dynamodb_local import DynamoDBLocal, create_table
 
 _names = itertools.count()
-# The transports the DynamoDB suites run on: `fast` (lean, botocore-free: the plain Lambda environment),
-# `lean` (lean through botocore, every other environment) and `boto3`.
-TRANSPORTS = ("fast", "lean", "boto3")
+# The transports the DynamoDB suites run on, named as IDEMPOTENCY_TRANSPORT and the sources name them: `lean`
+# with its target from the environment alone (the plain Lambda case, no botocore), `lean-botocore` (the same
+# client, its target from botocore: every other environment) and `boto3`.
+TRANSPORTS = ("lean", "lean-botocore", "boto3")
 
 
 def build_transport(kind: str, **options: Any) -> Any:
     """A transport of one of TRANSPORTS, from the environment as the interceptor builds it."""
-    from idempotency_layer.transport import make_transport
+    from idempotency_layer.dynamodb import make_transport
 
-    if kind == "fast":
-        return make_transport("lean", fast=True, **options)
     if kind == "lean":
-        return make_transport("lean", fast=False, **options)
+        return make_transport("lean", source="environment", **options)
+    if kind == "lean-botocore":
+        return make_transport("lean", source="botocore", **options)
     return make_transport(kind, **options)
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1",
                "AWS_DEFAULT_REGION": "us-east-1"}

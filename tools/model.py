@@ -37,8 +37,8 @@ from typing import Any
 from idempotency_layer import errors
 from idempotency_layer.config import Attributes
 from idempotency_layer.cycle import CLAIM_MARGIN_MS, Cycle
+from idempotency_layer.dynamodb import Deadline, DynamoDBError
 from idempotency_layer.store import DynamoDBStore
-from idempotency_layer.transport import DynamoDBError
 
 CHECK_FAILED = "ConditionalCheckFailedException"
 KEY = "order-1"
@@ -225,7 +225,7 @@ class _EnvironmentTransport:
         self.world = world
         self.current: Invocation | None = None
 
-    def call(self, operation: str, params: dict, deadline: float | None = None) -> dict:
+    def call(self, operation: str, params: dict, deadline: Deadline | None = None) -> dict:
         # The model's requests take no time, so a deadline never cuts one short (tests/store covers that).
         return self.world.request(self.current, operation, params)
 

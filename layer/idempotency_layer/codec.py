@@ -11,8 +11,8 @@ from __future__ import annotations
 import base64
 import math
 import zlib
+from collections import namedtuple
 from decimal import Decimal
-from typing import Any, NamedTuple
 
 import orjson
 
@@ -27,6 +27,10 @@ FORMATS = frozenset(
     {f + z for f in (JSON, TAGGED, RESPONSE, BYTES) for z in ("", COMPRESSED)} | {TOO_LARGE, DONE}
 )
 
+TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
+if TYPE_CHECKING:
+    from typing import Any
+
 ITEM_LIMIT = 400 * 1024  # DynamoDB's item size limit, names and values together
 RECORD_OVERHEAD = 1024  # room kept for the key and the other attributes of the record
 COMPRESS_ABOVE = 8 * 1024  # below this, compression costs more CPU than it saves write units
@@ -37,9 +41,10 @@ _TAGS = frozenset({_DECIMAL, _BYTES, _INT, _OBJECT, _FLOAT})
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
 
 
-class Encoded(NamedTuple):
-    format: str
-    data: bytes | str | None  # JSON text (format without "+z"), zlib data (with "+z"), None (TOO_LARGE)
+class Encoded(namedtuple("Encoded", ("format", "data"))):
+    # format: str
+    # data: bytes | str | None  # JSON text (format without "+z"), zlib data (with "+z"), None (TOO_LARGE)
+    __slots__ = ()
 
 
 class ResultNotEncodable(TypeError):

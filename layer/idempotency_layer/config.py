@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import os
 import re
+from collections import namedtuple
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
 
 from .errors import IdempotencyConfigurationError
+
+TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
+if TYPE_CHECKING:
+    from typing import Any
 
 _TRUE = frozenset({"true", "1", "yes"})
 _FALSE = frozenset({"false", "0", "no"})
@@ -41,50 +44,85 @@ _ATTR_VARIABLES = {
 }
 
 
-@dataclass(frozen=True)
-class Attributes:
+class Attributes(namedtuple("Attributes", (
+    "key",
+    "sort_key",
+    "status",
+    "expires_at",
+    "in_progress_until",
+    "owner",
+    "result",
+    "result_format",
+    "payload_hash",
+), defaults=(
+    "id", None, "status", "expires_at", "in_progress_until", "owner", "result", "result_format", "payload_hash",
+))):
     """Names of the record's attributes in the table."""
+    # key: str = "id"
+    # sort_key: str | None = None
+    # status: str = "status"
+    # expires_at: str = "expires_at"
+    # in_progress_until: str = "in_progress_until"
+    # owner: str = "owner"
+    # result: str = "result"
+    # result_format: str = "result_format"
+    # payload_hash: str = "payload_hash"
+    __slots__ = ()
 
-    key: str = "id"
-    sort_key: str | None = None
-    status: str = "status"
-    expires_at: str = "expires_at"
-    in_progress_until: str = "in_progress_until"
-    owner: str = "owner"
-    result: str = "result"
-    result_format: str = "result_format"
-    payload_hash: str = "payload_hash"
 
-
-@dataclass(frozen=True)
-class Config:
-    disabled: bool
-    table: str
-    scope: str  # auto: batches from SQS, Kinesis, DynamoDB Streams per record, other events whole; event; record
+class Config(namedtuple("Config", (
+    "disabled",
+    "table",
+    "scope",
+    "stream_failures",
+    "key_jmespath",
+    "payload_jmespath",
+    "http",
+    "key_header",
+    "caller_headers",
+    "key_prefix",
+    "require_key",
+    "ttl_seconds",
+    "in_progress_seconds",
+    "wait_seconds",
+    "local_cache_size",
+    "attributes",
+    "partition_value",
+    "log_level",
+    "transport",
+    "connect_timeout",
+    "read_timeout",
+    "max_attempts",
+    "original_handler",
+))):
+    # disabled: bool
+    # table: str
+    # scope: str  # auto: batches from SQS, Kinesis, DynamoDB Streams per record, other events whole; event; record
     # checkpoint: a stream handler's earliest reported record and every one after it are released (Lambda retries
     # the shard from there); records: only the records it reports are released, as for SQS
-    stream_failures: str
-    key_jmespath: str | None  # None: the whole event (a batch record: its delivery identity)
-    payload_jmespath: str | None  # the part of the event a reused key must match (its SHA-256); None: unchecked
-    http: str  # auto: API Gateway, Function URL and ALB events get HTTP semantics; off: handled like any event
-    key_header: str  # the request header holding the idempotency key of an HTTP event
+    # stream_failures: str
+    # key_jmespath: str | None  # None: the whole event (a batch record: its delivery identity)
+    # payload_jmespath: str | None  # the part of the event a reused key must match (its SHA-256); None: unchecked
+    # http: str  # auto: API Gateway, Function URL and ALB events get HTTP semantics; off: handled like any event
+    # key_header: str  # the request header holding the idempotency key of an HTTP event
     # lower-cased request headers whose values scope an HTTP request's key: who is calling, for functions that
     # authenticate callers themselves (no authorizer names them in requestContext); () when unset
-    caller_headers: tuple[str, ...]
-    key_prefix: str
-    require_key: bool
-    ttl_seconds: int
-    in_progress_seconds: int  # a claim lasts at least this long, beyond the invocation's own deadline; 0: no floor
-    wait_seconds: float  # how long a copy that finds a live claim waits for its outcome; 0: it does not wait
-    local_cache_size: int
-    attributes: Attributes
-    partition_value: str | None  # static partition key value when a sort key holds the key
-    log_level: str
-    transport: str
-    connect_timeout: float
-    read_timeout: float
-    max_attempts: int
-    original_handler: str
+    # caller_headers: tuple[str, ...]
+    # key_prefix: str
+    # require_key: bool
+    # ttl_seconds: int
+    # in_progress_seconds: int  # a claim lasts at least this long, beyond the invocation's own deadline; 0: no floor
+    # wait_seconds: float  # how long a copy that finds a live claim waits for its outcome; 0: it does not wait
+    # local_cache_size: int
+    # attributes: Attributes
+    # partition_value: str | None  # static partition key value when a sort key holds the key
+    # log_level: str
+    # transport: str
+    # connect_timeout: float
+    # read_timeout: float
+    # max_attempts: int
+    # original_handler: str
+    __slots__ = ()
 
 
 def _text(env: Mapping[str, str], name: str, default: str | None = None) -> str | None:

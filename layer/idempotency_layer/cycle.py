@@ -13,11 +13,11 @@ import os
 import random
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, namedtuple
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
 
 from . import codec
+from .dynamodb.deadline import LAST_CHANCE_S, Deadline
 from .errors import (
     IdempotencyAlreadyInProgressError,
     IdempotencyClaimConflictError,
@@ -27,7 +27,12 @@ from .errors import (
     IdempotencyResultTooLargeError,
 )
 from .store import COMPLETED, Record, Store
-from .transport import LAST_CHANCE_S
+
+TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
+if TYPE_CHECKING:
+    from typing import Any, Protocol
+else:
+    Protocol = object  # the interface's documentation at run time; structural for type checkers
 
 MAX_CLAIM_ATTEMPTS = 3
 # A claim outlasts its invocation's deadline by this much. Whether a claim has expired is judged by the clock of
@@ -54,18 +59,19 @@ LATE_COMPLETE_MARGIN_MS = 50
 logger = logging.getLogger("idempotency_layer")
 
 
-def _requests_by(deadline: float | None) -> float | None:
-    """When the requests of an invocation that ends at `deadline` (time.monotonic()) must be done."""
-    return None if deadline is None else deadline - RETURN_MARGIN_MS / 1000
+def _requests_by(deadline: Deadline | None) -> Deadline | None:
+    """When the requests of an invocation that ends at `deadline` must be done."""
+    return None if deadline is None else deadline.earlier(RETURN_MARGIN_MS / 1000)
 
 
 class Undeliverable(Exception):
     """Raised by `Results.encode`: the result cannot be handed back at all, so it must not be stored."""
 
 
-class Outcome(NamedTuple):
-    value: Any
-    replayed: bool
+class Outcome(namedtuple("Outcome", ("value", "replayed"))):
+    # value: Any
+    # replayed: bool
+    __slots__ = ()
 
 
 class Results(Protocol):
@@ -168,7 +174,7 @@ class Cycle:
         is released, so a retry runs again).
         """
         results = results or self.results
-        deadline = time.monotonic() + remaining_ms / 1000  # the invocation's, for completion and release
+        deadline = Deadline.after(remaining_ms / 1000)  # the invocation's, for completion and release
         self.check()
         cached = self.cached(key, fingerprint)
         if cached is not None:
@@ -202,7 +208,7 @@ class Cycle:
         return result
 
     def claim(self, key: str, remaining_ms: int, fingerprint: str | None = None,
-              deadline: float | None = None) -> str | Record:
+              deadline: Deadline | None = None) -> str | Record:
         """Claim `key`: our owner token when we hold the claim, else the completed record that is there.
 
         Raises `IdempotencyPayloadMismatchError` when the live record there was claimed with another
@@ -210,10 +216,10 @@ class Cycle:
         to call from several threads at once.
         """
         owner = os.urandom(16).hex()
-        # The invocation's deadline (time.monotonic()), for the withdraw; callers that claim later than they
-        # measured `remaining_ms` (a batch's queued claims) pass it.
+        # The invocation's deadline, for the withdraw; callers that claim later than they measured
+        # `remaining_ms` (a batch's queued claims) pass it.
         if deadline is None:
-            deadline = time.monotonic() + remaining_ms / 1000
+            deadline = Deadline.after(remaining_ms / 1000)
         try:
             record = self._claim(key, owner, remaining_ms, fingerprint)
         except IdempotencyPersistenceLayerError as error:
@@ -222,35 +228,36 @@ class Cycle:
             raise
         return owner if record is None else record
 
-    def _withdraw(self, key: str, owner: str, deadline: float | None) -> None:
+    def _withdraw(self, key: str, owner: str, deadline: Deadline | None) -> None:
         # The claim may have landed though it failed (its answer lost, a 5xx), and would block the key until the
         # deadline though the handler never ran. Deleting it under our own owner token is safe either way: it
         # deletes nothing of anyone else's. A claim still in flight may land after this, and then blocks.
         try:
             if self.store.release(key, owner, deadline):
-                logger.warning("claiming key %r failed after the claim had landed; withdrew it", key)
+                logger.warning("claiming key %r failed with an answer that leaves open whether it landed; withdrew "
+                               "any claim of ours there", key)
         except Exception:
             logger.debug("withdrawing a claim on key %r that may have landed failed too", key)
 
     def complete(self, key: str, owner: str, result: codec.Encoded, fingerprint: str | None = None,
-                 deadline: float | None = None) -> None:
+                 deadline: Deadline | None = None) -> None:
         """Mark our claim on `key` completed with `result`. Never raises: the handler has run, and failing now
         would make the caller retry into a second run.
 
-        `deadline` is the invocation's (time.monotonic()): every attempt, the transport's own retries and
+        `deadline` is the invocation's: every attempt, the transport's own retries and
         timeouts included, ends `RETURN_MARGIN_MS` before it. A failure a retry may cure (throttling, a 5xx, a
         lost connection) is retried with backoff while more than `COMPLETE_MARGIN_MS` would be left: an
         uncompleted claim lets the next copy after the invocation's deadline run the handler again. Retrying is
         safe: the write is conditioned on our owner token, so a retry of a write that landed lands again."""
         expires_at = int(self.clock()) + self.ttl_seconds
         last = _requests_by(deadline)
-        if last is not None and deadline is not None and time.monotonic() >= last:
+        if last is not None and deadline is not None and last.passed():
             # Under the usual bound an attempt starting now would get less than LAST_CHANCE_S, down to nothing
             # (a handler returning 201 ms before the deadline got 1 ms): it gets up to LAST_CHANCE_S instead,
             # ending LATE_COMPLETE_MARGIN_MS before the deadline at the latest (the transport gives an attempt
             # until `last + LAST_CHANCE_S`), so the time a completion gets never shrinks as the handler ends later.
-            last = deadline - LATE_COMPLETE_MARGIN_MS / 1000 - LAST_CHANCE_S
-        retry_by = None if deadline is None else deadline - COMPLETE_MARGIN_MS / 1000
+            last = deadline.earlier(LATE_COMPLETE_MARGIN_MS / 1000 + LAST_CHANCE_S)
+        retry_by = None if deadline is None else deadline.earlier(COMPLETE_MARGIN_MS / 1000)
         delay = FIRST_COMPLETE_RETRY_S
         attempt = 1
         while True:
@@ -259,7 +266,7 @@ class Cycle:
                 break
             except IdempotencyPersistenceLayerError as error:
                 pause = delay * (0.5 + random.random() / 2)
-                if error.permanent or retry_by is None or time.monotonic() + pause >= retry_by:
+                if error.permanent or retry_by is None or not retry_by.allows(pause):
                     return self._completion_failed(key, error, attempt)
                 logger.warning("completing key %r failed (attempt %d), retrying in %.2f s: %s", key, attempt, pause,
                                error)
@@ -291,12 +298,16 @@ class Cycle:
             )
             logger.error("%s", self.refusal)
 
-    def release(self, key: str, owner: str, deadline: float | None = None) -> None:
+    def release(self, key: str, owner: str, deadline: Deadline | None = None) -> None:
         """Delete our claim on `key`, so a retry runs the handler again. Never raises. `deadline`: the
         invocation's, as for `complete`, so the handler's own error reaches the caller before the timeout."""
         try:
             if not self.store.release(key, owner, _requests_by(deadline)):
                 logger.warning("claim on key %r was taken over before release; left it alone", key)
+        except IdempotencyPersistenceLayerError as error:
+            # The store's word names the request and the failure: no traceback to format, which costs milliseconds
+            # a key when all of a batch's releases run out of time together, just before the deadline.
+            logger.error("releasing key %r failed; it stays claimed until its deadline: %s", key, error)
         except Exception:
             logger.error("releasing key %r failed; it stays claimed until its deadline", key, exc_info=True)
 
@@ -355,11 +366,11 @@ class Cycle:
         # The wait ends when it is spent or WAIT_MARGIN_MS before the invocation's deadline, whichever is first;
         # every poll carries that point as its deadline, and none starts that it seems it could not finish by
         # then (judged by how long the last one took), so a slow table answers in-progress, not a timeout.
-        wait_end = started + min(self.wait_seconds, (remaining_ms - WAIT_MARGIN_MS) / 1000)
+        wait_end = Deadline(started + min(self.wait_seconds, (remaining_ms - WAIT_MARGIN_MS) / 1000))
         delay = FIRST_POLL_S
         poll_s = 0.0  # how long the last poll took
         while True:
-            left = wait_end - time.monotonic() - poll_s
+            left = wait_end.left() - poll_s
             if left <= 0:
                 raise self._still_running(key, started)
             self.sleep(min(delay * (0.5 + random.random() / 2), left))  # the last poll ends as the wait ends
@@ -368,7 +379,7 @@ class Cycle:
             try:
                 record = self.store.get(key, wait_end)  # a consistent read
             except IdempotencyPersistenceLayerError:
-                if time.monotonic() >= wait_end:  # cut by the wait's end: the claim was live when last seen
+                if wait_end.passed():  # cut by the wait's end: the claim was live when last seen
                     raise self._still_running(key, started) from None
                 raise
             poll_s = time.monotonic() - polled
@@ -404,7 +415,7 @@ class Cycle:
 
     def _invoke(self, key: str, owner: str, invoke: Callable[[], Any], fingerprint: str | None = None,
                 results: Results | None = None, keep: Callable[[Any], bool] | None = None,
-                deadline: float | None = None) -> Any:
+                deadline: Deadline | None = None) -> Any:
         try:
             value = invoke()
         except BaseException:

@@ -10,13 +10,18 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections import namedtuple
 
 from . import codec
 from .config import Attributes
+from .dynamodb import CHECK_FAILED, Deadline, DynamoDBError, Transport
 from .errors import IdempotencyConfigurationError, IdempotencyPersistenceLayerError
-from .transport import CHECK_FAILED, DynamoDBError, Transport
+
+TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
+if TYPE_CHECKING:
+    from typing import Any, Protocol
+else:
+    Protocol = object  # the interface's documentation at run time; structural for type checkers
 
 _logger = logging.getLogger("idempotency_layer")
 
@@ -30,15 +35,24 @@ _PERMANENT = frozenset({
 })
 
 
-@dataclass(frozen=True)
-class Record:
-    key: str
-    status: str
-    expires_at: int  # epoch seconds
-    in_progress_until: int | None  # epoch ms
-    owner: str | None
-    result: codec.Encoded | None  # None while in progress
-    fingerprint: str | None = None  # SHA-256 of the claiming event's payload (IDEMPOTENCY_PAYLOAD_JMESPATH)
+class Record(namedtuple("Record", (
+    "key",
+    "status",
+    "expires_at",
+    "in_progress_until",
+    "owner",
+    "result",
+    "fingerprint",
+), defaults=(None,))):
+
+    # key: str
+    # status: str
+    # expires_at: int  # epoch seconds
+    # in_progress_until: int | None  # epoch ms
+    # owner: str | None
+    # result: codec.Encoded | None  # None while in progress
+    # fingerprint: str | None = None  # SHA-256 of the claiming event's payload (IDEMPOTENCY_PAYLOAD_JMESPATH)
+    __slots__ = ()
 
     def is_expired(self, now: float) -> bool:
         return self.expires_at < int(now)
@@ -55,16 +69,16 @@ class Store(Protocol):
         """Write an in-progress record unless a live one exists. None: we hold the claim; else the live record."""
 
     def complete(self, key: str, owner: str, result: codec.Encoded, expires_at: int,
-                 deadline: float | None = None) -> bool:
-        """Mark our claim completed with its result. False: the claim is no longer ours. `deadline`
-        (`time.monotonic()`): give up by then, with `IdempotencyPersistenceLayerError`."""
+                 deadline: Deadline | None = None) -> bool:
+        """Mark our claim completed with its result. False: the claim is no longer ours. `deadline`:
+        give up by then, with `IdempotencyPersistenceLayerError`."""
 
-    def release(self, key: str, owner: str, deadline: float | None = None) -> bool:
+    def release(self, key: str, owner: str, deadline: Deadline | None = None) -> bool:
         """Delete our claim. True: it is gone (deleted now, or already: a request sent again whose first copy
         landed). False: another invocation's record is there, and nothing was deleted."""
 
-    def get(self, key: str, deadline: float | None = None) -> Record | None:
-        """The record of `key` (a consistent read), or None. `deadline` (`time.monotonic()`): give up by then."""
+    def get(self, key: str, deadline: Deadline | None = None) -> Record | None:
+        """The record of `key` (a consistent read), or None. `deadline`: give up by then."""
 
 
 def _number(value: dict[str, Any] | None) -> int | None:
@@ -88,7 +102,8 @@ class DynamoDBStore:
         self._claim_names = {"#k": a.key, "#s": a.status, "#e": a.expires_at, "#u": a.in_progress_until}
         self._owner_names = {"#o": a.owner}
         self._claim_condition = "attribute_not_exists(#k) OR #e < :now OR (#s = :inprogress AND #u < :now_ms)"
-        self._unverified = False  # set when verify() could not reach the table: the first claim checks first
+        # Why verify() could not reach the table (the first claim checks again first), or None: it was checked.
+        self._unverified: str | None = None
 
     # -- the table ---------------------------------------------------------------------------------------
 
@@ -120,11 +135,15 @@ class DynamoDBStore:
                     f"IDEMPOTENCY_TABLE={self.table!r}: the function's role may not read the table ({error.code}); "
                     "it needs dynamodb:PutItem, GetItem, UpdateItem and DeleteItem on it"
                 ) from None
-            self._unverified = True
-        except Exception:
-            self._unverified = True
+            self._unverified = f"{error.code}: {error.message}"
+        except Exception as error:
+            # Its message is not shown: it is not DynamoDB's error model, and may say anything.
+            self._unverified = type(error).__name__
         else:
-            self._unverified = False
+            self._unverified = None
+        if self._unverified is not None:
+            _logger.warning("table %r could not be reached to check its key schema (%s); checked again before the "
+                            "first claim", self.table, self._unverified)
 
     # -- request plumbing -------------------------------------------------------------------------------
 
@@ -134,7 +153,8 @@ class DynamoDBStore:
         assert self.partition_value is not None
         return {self.attr.key: {"S": self.partition_value}, self.attr.sort_key: {"S": key}}
 
-    def _call(self, operation: str, key: str, params: dict[str, Any], deadline: float | None = None) -> dict[str, Any]:
+    def _call(self, operation: str, key: str, params: dict[str, Any],
+              deadline: Deadline | None = None) -> dict[str, Any]:
         params["TableName"] = self.table
         try:
             return self.transport.call(operation, params, deadline)
@@ -215,11 +235,12 @@ class DynamoDBStore:
 
     def claim(self, key: str, owner: str, now: float, in_progress_until: int, expires_at: int,
               fingerprint: str | None = None) -> Record | None:
-        if self._unverified:
+        if self._unverified is not None:
             self.verify()
-            if self._unverified:
+            if self._unverified is not None:
                 raise IdempotencyPersistenceLayerError(
-                    f"table {self.table!r} could not be reached to check its key schema; the handler did not run"
+                    f"table {self.table!r} could not be reached to check its key schema ({self._unverified}); the "
+                    "handler did not run"
                 )
         a = self.attr
         item = self._item_key(key)
@@ -257,7 +278,7 @@ class DynamoDBStore:
         return None
 
     def complete(self, key: str, owner: str, result: codec.Encoded, expires_at: int,
-                 deadline: float | None = None) -> bool:
+                 deadline: Deadline | None = None) -> bool:
         a = self.attr
         names = {"#s": a.status, "#e": a.expires_at, "#o": a.owner, "#f": a.result_format, "#r": a.result}
         values: dict[str, Any] = {
@@ -297,7 +318,7 @@ class DynamoDBStore:
             return self.complete(key, owner, codec.Encoded(codec.TOO_LARGE, None), expires_at, deadline)
         return True
 
-    def release(self, key: str, owner: str, deadline: float | None = None) -> bool:
+    def release(self, key: str, owner: str, deadline: Deadline | None = None) -> bool:
         params = {
             "Key": self._item_key(key),
             "ConditionExpression": "#o = :me",
@@ -316,7 +337,7 @@ class DynamoDBStore:
             _logger.info("claim on key %r was already gone at release", key)
         return True
 
-    def get(self, key: str, deadline: float | None = None) -> Record | None:
+    def get(self, key: str, deadline: Deadline | None = None) -> Record | None:
         response = self._call("GetItem", key, {"Key": self._item_key(key), "ConsistentRead": True}, deadline)
         item = response.get("Item")
         return None if item is None else self._record(key, item)

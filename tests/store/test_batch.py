@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 
 from idempotency_layer import codec
 from idempotency_layer.cycle import Cycle
+from idempotency_layer.dynamodb import DynamoDBError
 from idempotency_layer.errors import IdempotencyKeyError, IdempotencyPersistenceLayerError
 from idempotency_layer.keys import KeyDeriver
 from idempotency_layer.sources import batch
 from idempotency_layer.store import DynamoDBStore
-from idempotency_layer.transport import DynamoDBError
 from tests.store.test_correctness import EXAMPLES
 from tests.support import events
 

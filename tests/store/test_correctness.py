@@ -277,7 +277,7 @@ class Flaky:
     def call(self, operation, params, deadline=None):
         if self.n > 0:
             self.n -= 1
-            from idempotency_layer.transport import DynamoDBError
+            from idempotency_layer.dynamodb import DynamoDBError
 
             raise DynamoDBError(operation, "EndpointConnectionError", "unreachable", None)
         return self.transport.call(operation, params, deadline)
@@ -382,7 +382,7 @@ def test_a_transient_completion_failure_does_not_stop_the_environment(store, tra
         def call(self, operation, params, deadline=None):
             if operation == "UpdateItem" and not self.failed:
                 self.failed = True
-                from idempotency_layer.transport import DynamoDBError
+                from idempotency_layer.dynamodb import DynamoDBError
 
                 raise DynamoDBError(operation, "ProvisionedThroughputExceededException", "throttled", None)
             return transport.call(operation, params, deadline)

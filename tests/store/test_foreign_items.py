@@ -11,9 +11,9 @@ import pytest
 
 from idempotency_layer.config import Attributes
 from idempotency_layer.cycle import Cycle
+from idempotency_layer.dynamodb import DynamoDBError
 from idempotency_layer.errors import IdempotencyPersistenceLayerError
 from idempotency_layer.store import DynamoDBStore
-from idempotency_layer.transport import DynamoDBError
 
 LONG = 60_000
 

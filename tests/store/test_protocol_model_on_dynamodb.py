@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from idempotency_layer.transport import DynamoDBError
+from idempotency_layer.dynamodb import DynamoDBError
 from tools.model import CHECK_FAILED, KEY, Bounds, explore
 
 _runs = itertools.count()

@@ -16,6 +16,7 @@ import pytest
 from idempotency_layer import codec
 from idempotency_layer.config import Attributes
 from idempotency_layer.cycle import Cycle
+from idempotency_layer.dynamodb import Deadline
 from idempotency_layer.store import COMPLETED, DynamoDBStore
 from tests.conftest import TRANSPORTS, build_transport
 from tests.support.fault_proxy import FORWARDED, STALL, STALL_AFTER_BYTE, FaultProxy
@@ -45,8 +46,8 @@ def _claim(store: DynamoDBStore, key: str, owner: str) -> Any:
     return store.claim(key, owner, now, int(now * 1000) + 60_000, int(now) + 3600)
 
 
-def _deadline() -> float:
-    return time.monotonic() + LONG_DEADLINE_S
+def _deadline() -> Deadline:
+    return Deadline.after(LONG_DEADLINE_S)
 
 
 # Each call kind the layer makes, as (operation on the wire, what to do first, the call, its expected answer).
@@ -85,7 +86,7 @@ CALLS = {
     "release": ("DeleteItem", _release_call, True),
     "withdraw": ("DeleteItem", _withdraw_call, True),
     "poll": ("GetItem", _poll_call, "me"),
-    "init-check": ("GetItem", _check_call, False),
+    "init-check": ("GetItem", _check_call, None),  # None: checked, no reason left unverified
 }
 
 

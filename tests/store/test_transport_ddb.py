@@ -16,8 +16,8 @@ import time
 import pytest
 import urllib3.util.connection
 
+from idempotency_layer.dynamodb import DynamoDBError, make_transport
 from idempotency_layer.store import _blob
-from idempotency_layer.transport import DynamoDBError, make_transport
 from tests.conftest import TRANSPORTS, build_transport
 
 BLOB = b"\x00\x01\xfe\xffbinary"
@@ -200,7 +200,7 @@ def test_connection_refused_after_the_configured_attempts(kind, layer_env, monke
         return real(address, *args, **kwargs)
 
     monkeypatch.setattr(urllib3.util.connection, "create_connection", counting)
-    monkeypatch.setattr(socket, "create_connection", counting)  # http.client's, for the fast transport
+    monkeypatch.setattr(socket, "create_connection", counting)  # http.client's, for the lean client
     ddb = build_transport(kind, connect_timeout=1, read_timeout=1, max_attempts=3)
     started = time.monotonic()
     with pytest.raises(DynamoDBError) as caught:

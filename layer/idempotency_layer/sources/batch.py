@@ -12,16 +12,20 @@ record only means "done".
 from __future__ import annotations
 
 import logging
-import time
+from collections import namedtuple
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
 
 from .. import codec
 from ..config import STREAM_FAILURES
 from ..cycle import Cycle
+from ..dynamodb import Deadline
 from ..errors import IdempotencyAlreadyInProgressError, IdempotencyKeyError, IdempotencyPayloadMismatchError
 from ..keys import KeyDeriver, is_empty
 from ..store import Record
+
+TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
+if TYPE_CHECKING:
+    from typing import Any
 
 logger = logging.getLogger("idempotency_layer")
 
@@ -29,14 +33,15 @@ logger = logging.getLogger("idempotency_layer")
 MAX_IN_FLIGHT = 10
 
 
-class Source(NamedTuple):
-    name: str
-    identifier: tuple[str, ...]  # where the record's itemIdentifier is, for batchItemFailures
-    identity: tuple[str, ...]  # the fields that name one delivery, stable across redeliveries: the default key
-    ordered: bool  # records are applied in order (a shard), so nothing may run after one that cannot run now
+class Source(namedtuple("Source", ("name", "identifier", "identity", "ordered", "checkpoint"))):
+    # name: str
+    # identifier: tuple[str, ...]  # where the record's itemIdentifier is, for batchItemFailures
+    # identity: tuple[str, ...]  # the fields that name one delivery, stable across redeliveries: the default key
+    # ordered: bool  # records are applied in order (a shard), so nothing may run after one that cannot run now
     # Lambda reads batchItemFailures as a checkpoint: it retries from the earliest record reported, every record
     # after it included, whether reported or not (a stream); else per record (SQS, FIFO included)
-    checkpoint: bool
+    # checkpoint: bool
+    __slots__ = ()
 
 
 SOURCES = {
@@ -47,11 +52,12 @@ SOURCES = {
 }
 
 
-class Batch(NamedTuple):
-    source: Source
-    records: list[Any]
-    identifiers: list[str]
-    ordered: bool  # a shard or an SQS FIFO queue: processing stops at the first record that cannot run now
+class Batch(namedtuple("Batch", ("source", "records", "identifiers", "ordered"))):
+    # source: Source
+    # records: list[Any]
+    # identifiers: list[str]
+    # ordered: bool  # a shard or an SQS FIFO queue: processing stops at the first record that cannot run now
+    __slots__ = ()
 
 
 def _dig(record: dict[str, Any], path: tuple[str, ...]) -> Any:
@@ -181,7 +187,7 @@ class Runner:
 
     def run(self, batch: Batch, event: dict[str, Any], context: Any, remaining_ms: int) -> Any:
         self.cycle.check()
-        deadline = time.monotonic() + remaining_ms / 1000  # the invocation's, for completion and release
+        deadline = Deadline.after(remaining_ms / 1000)  # the invocation's, for completion and release
         count = len(batch.records)
         keys: list[str | None] = [None] * count
         blocked: set[int] = set()  # records that cannot run now: the layer reports them as failures
@@ -350,11 +356,11 @@ class Runner:
                 "or set IDEMPOTENCY_SCOPE=event to key the whole event; the handler did not run"
             )
 
-    def _complete(self, claims: list[tuple[str, str]], prints: dict[str, str | None], deadline: float) -> None:
+    def _complete(self, claims: list[tuple[str, str]], prints: dict[str, str | None], deadline: Deadline) -> None:
         done = codec.Encoded(codec.DONE, None)
         self._executor.map(
             lambda claim: self.cycle.complete(claim[0], claim[1], done, prints.get(claim[0]), deadline), claims
         )
 
-    def _release(self, claims: list[tuple[str, str]], deadline: float) -> None:
+    def _release(self, claims: list[tuple[str, str]], deadline: Deadline) -> None:
         self._executor.map(lambda claim: self.cycle.release(*claim, deadline), claims)

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import namedtuple
 from collections.abc import Callable
 from functools import partial
-from typing import Any, NamedTuple
 
 from .. import errors
 from ..cycle import Cycle
 from ..keys import KeyDeriver, digest, is_empty
 from ..results import value_results
+
+TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
+if TYPE_CHECKING:
+    from typing import Any
 
 logger = logging.getLogger("idempotency_layer")
 
@@ -31,16 +35,28 @@ class HeaderError(ValueError):
     """The idempotency key header is malformed: the request gets a 400."""
 
 
-class Request(NamedTuple):
-    form: str  # "rest" (API Gateway payload 1.0), "v2" (HTTP API payload 2.0, Function URLs) or "alb"
-    method: str
-    route: str  # the route template when the source names one (resource, routeKey), else the path
-    path: str
-    query: Any  # the query as the source gives it (a string or a map), part of the default fingerprint
-    body: Any
-    headers: dict[str, list[str]]  # lower-cased names, every value
-    multi: bool  # the request came with multiValueHeaders: the response must use them too (ALB requires it)
-    caller: str | None  # who is calling (canonical JSON), when an authorizer, IAM, mTLS or ALB named anyone
+class Request(namedtuple("Request", (
+    "form",
+    "method",
+    "route",
+    "path",
+    "query",
+    "body",
+    "headers",
+    "multi",
+    "caller",
+))):
+
+    # form: str  # "rest" (API Gateway payload 1.0), "v2" (HTTP API payload 2.0, Function URLs) or "alb"
+    # method: str
+    # route: str  # the route template when the source names one (resource, routeKey), else the path
+    # path: str
+    # query: Any  # the query as the source gives it (a string or a map), part of the default fingerprint
+    # body: Any
+    # headers: dict[str, list[str]]  # lower-cased names, every value
+    # multi: bool  # the request came with multiValueHeaders: the response must use them too (ALB requires it)
+    # caller: str | None  # who is calling (canonical JSON), when an authorizer, IAM, mTLS or ALB named anyone
+    __slots__ = ()
 
 
 def _text(value: Any) -> str | None:

@@ -1,9 +1,9 @@
-"""AWS Signature Version 4 for the fast transport, on hashlib and hmac only.
+"""AWS Signature Version 4, on hashlib and hmac only.
 
-It signs what the fast transport sends (a POST to an already canonical path, no query string) the way
+It signs what the client sends (a POST to an already canonical path, no query string) the way
 botocore's SigV4Auth does: every header but the hop-by-hop ones and User-Agent is signed, values trimmed and
 inner whitespace collapsed, the session token added as X-Amz-Security-Token before signing. The signing key
-depends on the day only, so it is derived once per UTC day. tests/unit/test_fast_transport.py compares the result with
+depends on the day only, so it is derived once per UTC day. tests/unit/test_dynamodb_sigv4.py compares the result with
 botocore's SigV4Auth on generated requests and with AWS's published test suite.
 """
 

@@ -1,0 +1,78 @@
+"""The deadline rule: how much time a request may take, in one place.
+
+A `Deadline` is a point on `time.monotonic()`'s clock by which a call must be done. The cycle makes one from
+the invocation's remaining time and moves it earlier by its margins; the client asks it how long an attempt
+starting now may take (`attempt_time`) and whether a backoff still fits (`allows`). Near its end an attempt still
+gets `LAST_CHANCE_S`, ending at most that long after the deadline: a write that usually takes milliseconds is
+worth making, and the time an attempt gets shrinks smoothly to nothing instead of to a useless sliver.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import namedtuple
+from collections.abc import Callable
+
+TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
+if TYPE_CHECKING:
+    from typing import Any
+
+__all__ = ["LAST_CHANCE_S", "Deadline", "within"]
+
+LAST_CHANCE_S = 0.1
+
+
+class Deadline(namedtuple("Deadline", ("at",))):
+    # at: float  # time.monotonic()
+    __slots__ = ()
+
+    @classmethod
+    def after(cls, seconds: float) -> Deadline:
+        return cls(time.monotonic() + seconds)
+
+    def earlier(self, seconds: float) -> Deadline:
+        """This deadline moved `seconds` earlier (a margin kept for what comes after)."""
+        return Deadline(self.at - seconds)
+
+    def left(self) -> float:
+        """Seconds until the deadline; negative once it passed."""
+        return self.at - time.monotonic()
+
+    def passed(self) -> bool:
+        return time.monotonic() >= self.at
+
+    def allows(self, seconds: float) -> bool:
+        """Whether waiting `seconds` from now still ends before the deadline."""
+        return time.monotonic() + seconds < self.at
+
+    def attempt_time(self) -> float | None:
+        """Seconds an attempt starting now may take, or None: none may start. Every attempt ends by
+        `at + LAST_CHANCE_S`."""
+        left = self.at - time.monotonic()
+        allowed = min(max(left, LAST_CHANCE_S), left + LAST_CHANCE_S)
+        return allowed if allowed > 0 else None
+
+
+def within(seconds: float, call: Callable[[], Any], name: str) -> Any:
+    """`call()` on a thread of its own, waited for `seconds`: for work whose own timeouts cannot be set (a boto3
+    client's, botocore's credential refresh). Raises `TimeoutError` when it is still running then; it is left to
+    finish on its own."""
+    import threading
+
+    outcome: list[tuple[bool, Any]] = []
+
+    def target() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as error:  # handed to the waiting caller, raised there
+            outcome.append((False, error))
+
+    worker = threading.Thread(target=target, name=name, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if not outcome:
+        raise TimeoutError(f"not done within {seconds:.2f} s")
+    done, value = outcome[0]
+    if not done:
+        raise value
+    return value
