@@ -45,7 +45,6 @@ class Transport(Protocol):
 def make_transport(
     kind: str, *, connect_timeout: float, read_timeout: float, max_attempts: int, source: str | None = None
 ) -> Transport:
-
     """Build the transport named by `kind` (`lean` or `boto3`). `max_attempts` counts the first attempt.
 
     `source` picks where a `lean` transport's target comes from: None (the default) takes the environment when

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from .deadline import Deadline, within
-from .errors import CHECK_FAILED, DEADLINE, NOT_SENT, DynamoDBError
+from .errors import CHECK_FAILED, DEADLINE, NOT_SENT, DynamoDBError, out_of_time
 from .wire import PARSER_ERROR, json_object, unreadable, unreadable_error
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
@@ -99,7 +99,7 @@ def _within(deadline: Deadline, operation: str, call: Any) -> dict:
     the cycle bounds this way are conditioned on the owner token, so landing late is harmless."""
     left = deadline.attempt_time()
     if left is None:
-        raise DynamoDBError(operation, DEADLINE, "the invocation has no time left for this request")
+        raise out_of_time(operation)
     try:
         return within(left, call, f"idempotency-{operation}")
     except TimeoutError:  # still in flight: it may land

@@ -24,7 +24,7 @@ from . import wire
 from .connection import Budget, Pool, SendError
 from .deadline import Deadline, within
 from .environment import unsendable
-from .errors import DEADLINE, DynamoDBError
+from .errors import DEADLINE, DynamoDBError, out_of_time
 from .retry import Retry
 from .sigv4 import Signer
 from .target import Credentials, Target
@@ -63,20 +63,18 @@ class Client:
         self.pool = Pool(target.endpoint, connect_timeout=connect_timeout, read_timeout=read_timeout,
                          cafile=target.cafile, proxy=target.proxy, tcp_keepalive=target.tcp_keepalive)
         self.retry = Retry(max_attempts, random)
-        self._attempt_s = connect_timeout + read_timeout  # an attempt's time without a deadline
         self._sleep = sleep
         self._signed_by: tuple[Credentials | None, Signer | None] = (None, None)
         self._headers: dict[str, dict[str, str]] = {}
 
-    def _signer(self, operation: str, left: float | None) -> Signer:
+    def _signer(self, operation: str, left: float) -> Signer:
         """The signer for the target's credentials now. A refresh that may wait on the network (botocore's
-        container or web identity credentials) gets the attempt's time (`left`, else the connect and read
-        timeouts), as a request would: nothing is sent when it runs out."""
+        container or web identity credentials) gets the attempt's time (`left`), as a request would: nothing is
+        sent when it runs out."""
         target = self.target
         try:
             if target.may_wait is not None and target.may_wait():
-                credentials = within(self._attempt_s if left is None else left, target.credentials,
-                                     "idempotency-credentials")
+                credentials = within(left, target.credentials, "idempotency-credentials")
             else:
                 credentials = target.credentials()
         except TimeoutError:
@@ -119,11 +117,13 @@ class Client:
         taken = 0
         uncertain = False  # an attempt of this call may have been applied
         while True:
-            left = None  # no deadline: the attempt gets the connect and read timeouts (connection.Pool)
-            if deadline is not None:
-                left = deadline.attempt_time()
-                if left is None:  # the backoff overslept the deadline
+            if deadline is None:
+                left = self.pool.attempt_s  # the connect and read timeouts together
+            else:
+                cut = deadline.attempt_time()
+                if cut is None:  # the backoff overslept the deadline
                     raise out_of_time(operation, uncertain)
+                left = cut
             budget.attempt(left)
             headers = self._signer(operation, left).sign(base, body, path=self._path)  # a fresh X-Amz-Date
             headers["User-Agent"] = "idempotency-layer md/transport#lean"
@@ -162,6 +162,3 @@ class Client:
             self._sleep(wait)
             attempt += 1
 
-
-def out_of_time(operation: str, uncertain: bool = False) -> DynamoDBError:
-    return DynamoDBError(operation, DEADLINE, "the invocation has no time left for this request", uncertain=uncertain)

@@ -70,14 +70,14 @@ class SendError(Exception):
 
 class Answer(namedtuple("Answer", ("status", "headers", "body"))):
     # status: int
-    # headers: dict[str, str]  # names lower-cased; a repeated header's values joined with ", "
+    # headers: Headers  # a read-only mapping: names in any case, a repeated header's values joined with ", "
     # body: bytes
     __slots__ = ()
 
 
 class Budget:
-    """What one call may still spend: the end of the current attempt (None: no deadline, the configured
-    timeouts alone) and whether its one free re-send on a new connection is still unused."""
+    """What one call may still spend: the end of the current attempt (None: `Pool.send` gives it the pool's
+    `attempt_s`) and whether its one free re-send on a new connection is still unused."""
 
     __slots__ = ("end", "resend")
 
@@ -298,6 +298,8 @@ class Pool:
         self._url = f"{parts.scheme}://{parts.netloc}{self._target}"
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout
+        # An attempt's time when no deadline cuts it: connecting and every read together.
+        self.attempt_s = connect_timeout + read_timeout
         self._cafile = cafile
         self._keepalive = tcp_keepalive
         # Where connections go: the endpoint, or the proxy (which tunnels https and forwards http).
@@ -451,9 +453,9 @@ class Pool:
         if budget is None:
             budget = Budget()
         if budget.end is None:
-            # Without a deadline an attempt still ends: connecting and every read together take at most the
-            # connect and read timeouts, so an answer trickled a byte (or a 1xx) at a time cannot hold it longer.
-            budget.end = time.monotonic() + self._connect_timeout + self._read_timeout
+            # Without a deadline an attempt still ends, so an answer trickled a byte (or a 1xx) at a time cannot
+            # hold it longer than the connect and read timeouts together.
+            budget.end = time.monotonic() + self.attempt_s
         connection = self._take()
         if connection is None:
             try:

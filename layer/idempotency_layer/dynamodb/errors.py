@@ -11,7 +11,7 @@ acts on: True when the request may have been applied though the call failed.
 
 from __future__ import annotations
 
-__all__ = ["CHECK_FAILED", "DEADLINE", "NOT_SENT", "DynamoDBError"]
+__all__ = ["CHECK_FAILED", "DEADLINE", "NOT_SENT", "DynamoDBError", "out_of_time"]
 
 CHECK_FAILED = "ConditionalCheckFailedException"  # a condition refused: the one answer the store reads, not a failure
 DEADLINE = "InvocationDeadline"  # the code of a call that ran out of the time it was given
@@ -42,3 +42,8 @@ class DynamoDBError(Exception):
 
     def __str__(self) -> str:
         return f"DynamoDB {self.operation} failed: {self.code}: {self.message}"
+
+
+def out_of_time(operation: str, uncertain: bool = False) -> DynamoDBError:
+    """The error of a call that may start no attempt: its deadline has passed."""
+    return DynamoDBError(operation, DEADLINE, "the invocation has no time left for this request", uncertain=uncertain)

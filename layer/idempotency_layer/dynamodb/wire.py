@@ -83,7 +83,7 @@ def answer_error(operation: str, status: int, headers: Mapping[str, str], body: 
     code, message, parsed = _error_fields(status, body)
     # A failed condition's code came from the JSON object's __type: checked no further (a replay's answer
     # carries the whole record).
-    damaged = code != CHECK_FAILED and unreadable_error(status, body)
+    damaged = code != CHECK_FAILED and unreadable_error(status, body, is_object=parsed is not None)
     item = parsed.get("Item") if code == CHECK_FAILED and parsed is not None else None
     return DynamoDBError(operation, code, message, item if isinstance(item, dict) else None, status,
                          uncertain=status >= 500 or damaged)
@@ -161,10 +161,11 @@ def json_object(body: bytes) -> bool:
         return False
 
 
-def unreadable_error(status: int, body: bytes) -> bool:
+def unreadable_error(status: int, body: bytes, is_object: bool | None = None) -> bool:
     """Whether an error answer's body is not DynamoDB's JSON. An empty or HTML 5xx (a load balancer's) is read
-    as botocore reads it, a 5xx; any other body that is not a JSON object was damaged or is not DynamoDB's."""
+    as botocore reads it, a 5xx; any other body that is not a JSON object was damaged or is not DynamoDB's.
+    `is_object`: whether the body is a JSON object, when the caller parsed it already."""
     stripped = body.strip()
     if status >= 500 and (not stripped or stripped.startswith(b"<")):
         return False
-    return not json_object(body)
+    return not (json_object(body) if is_object is None else is_object)
