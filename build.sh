@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Build, test, demo, bench and chaos entry point.
 #   ./build.sh [build] [--with-boto3]   layer zips in dist/, one per architecture, verified
+#   ./build.sh wheel                    dist/idempotency_layer-<version>-py3-none-any.whl, for container images
+#   ./build.sh publish --regions R1,R2 [--public | --principal ACCOUNT] [--layer-name NAME] [--with-boto3]
+#                                       the verified zips as layer versions; ARNs in dist/published.json
 #   ./build.sh test [PYTEST_ARGS...]    fresh-machine setup, ruff, build, downloads, pytest
 #   ./build.sh demo                     the unmodified examples/orders handler under the layer, locally
 #   ./build.sh bench [ARGS...]          bench/run.py
@@ -14,6 +17,7 @@ cd "$ROOT"
 ORJSON_VERSION=3.13.0 # has cp310..cp314 manylinux2014 wheels for x86_64 and aarch64
 BOTO3_VERSION=1.44.8  # only for --with-boto3; the runtime's boto3 is used otherwise
 CERTIFI_VERSION=2026.10.19.post1  # its CA bundle gets a shipped certificate directory (scripts/cacert_dirs.py)
+SETUPTOOLS_VERSION=84.2.1  # the wheel's build backend (pyproject: >=77), pinned so wheels build the same
 PYTHONS=(3.10 3.11 3.12 3.13 3.14)
 ARCHES=(x86_64 arm64)
 MAX_ZIP_BYTES=$((3 * 1024 * 1024))
@@ -137,28 +141,60 @@ cmd_build() {
   done
   [[ -d layer/idempotency_layer ]] || die "layer/idempotency_layer is missing"
   mkdir -p dist
-  # The CA bundles the layer trusts by default: the runtime's botocore's (BOTO3_VERSION's, as Lambda's Python
-  # images ship it), and certifi's for functions that ship certifi. Pinned, so every build ships the same.
-  rm -rf build/ca-bundles
-  cached_install build/ca-bundles --no-deps --only-binary=:all: "botocore==$BOTO3_VERSION" "certifi==$CERTIFI_VERSION"
+  ca_bundles
   for arch in "${ARCHES[@]}"; do
     log "building $arch layer"
     build_arch "$arch" "$with_boto3"
   done
-  local verify=(--package-src layer/idempotency_layer --orjson-version "$ORJSON_VERSION"
-    --pythons "${PYTHONS[*]}")
-  if [[ $with_boto3 == 1 ]]; then
-    verify+=(--with-boto3) # botocore alone is far beyond the 3 MB budget: report only
+  verify_options "$with_boto3"
+  for arch in "${ARCHES[@]}"; do
+    "$(host_python)" scripts/verify_layer.py "${VERIFY[@]}" --arch "$arch" "dist/idempotency-layer-$arch.zip"
+  done
+}
+
+# The CA bundles the layer trusts by default: the runtime's botocore's (BOTO3_VERSION's, as Lambda's Python
+# images ship it), and certifi's for functions that ship certifi. Pinned, so every build ships the same.
+ca_bundles() {
+  rm -rf build/ca-bundles
+  cached_install build/ca-bundles --no-deps --only-binary=:all: "botocore==$BOTO3_VERSION" "certifi==$CERTIFI_VERSION"
+}
+
+# VERIFY: what scripts/verify_layer.py checks a zip of this build against (but --arch and the zip), for the build
+# and for publish, which checks each zip again before uploading it.
+verify_options() { # WITH_BOTO3
+  VERIFY=(--package-src layer/idempotency_layer --orjson-version "$ORJSON_VERSION" --pythons "${PYTHONS[*]}")
+  if [[ $1 == 1 ]]; then
+    VERIFY+=(--with-boto3) # botocore alone is far beyond the 3 MB budget: report only
   else
-    verify+=(--max-bytes "$MAX_ZIP_BYTES")
+    VERIFY+=(--max-bytes "$MAX_ZIP_BYTES")
   fi
   local py interp
   for py in "${PYTHONS[@]}"; do # each Python that compiled bytecode compiles it again to compare
-    interp=$(bytecode_python "$py") && verify+=(--interpreter "$py=$interp")
+    interp=$(bytecode_python "$py") && VERIFY+=(--interpreter "$py=$interp")
   done
-  for arch in "${ARCHES[@]}"; do
-    "$(host_python)" scripts/verify_layer.py "${verify[@]}" --arch "$arch" "dist/idempotency-layer-$arch.zip"
+  return 0
+}
+
+# The wheel for container images (scripts/build_wheel.py): pure Python; orjson, jmespath and certifi are its
+# dependencies. Offline once the wheel cache holds the pinned setuptools and CA bundles.
+cmd_wheel() {
+  [[ $# -eq 0 ]] || die "wheel takes no options (got: $*)"
+  mkdir -p dist
+  ca_bundles
+  rm -rf build/wheel-backend
+  cached_install build/wheel-backend --no-deps --only-binary=:all: "setuptools==$SETUPTOOLS_VERSION"
+  log "building the wheel"
+  "$(host_python)" scripts/build_wheel.py --backend build/wheel-backend --ca-bundles build/ca-bundles --out dist
+}
+
+# The built zips as layer versions in each region (scripts/publish.py), each checked by verify_layer.py first.
+cmd_publish() {
+  local with_boto3=0 args=() arg
+  for arg in "$@"; do
+    if [[ $arg == --with-boto3 ]]; then with_boto3=1; else args+=("$arg"); fi
   done
+  verify_options "$with_boto3"
+  exec "$(host_python)" scripts/publish.py "${args[@]}" -- "${VERIFY[@]}"
 }
 
 ensure_java() {
@@ -261,12 +297,14 @@ sub=${1:-build}
 [[ $# -gt 0 ]] && shift
 case $sub in
   build) cmd_build "$@" ;;
+  wheel) cmd_wheel "$@" ;;
+  publish) cmd_publish "$@" ;;
   test) cmd_test "$@" ;;
   demo) cmd_demo "$@" ;;
   bench) cmd_bench "$@" ;;
   chaos) cmd_chaos "$@" ;;
   sam-local) cmd_sam_local ;;
   --with-boto3) cmd_build "$sub" "$@" ;;
-  -h | --help) sed -n '2,8s/^# \{0,1\}//p' "$0" ;;
-  *) die "unknown command '$sub' (build, test, demo, bench, chaos, sam-local)" ;;
+  -h | --help) sed -n '2,11s/^# \{0,1\}//p' "$0" ;;
+  *) die "unknown command '$sub' (build, wheel, publish, test, demo, bench, chaos, sam-local)" ;;
 esac

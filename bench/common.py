@@ -59,11 +59,13 @@ SYSTEMS: dict[str, tuple[str, dict[str, Any]]] = {
     # BatchProcessor with idempotent_function per record; both keyed by each message's messageId.
     "layer-sqs": ("layer", {"transport": "lean", "cache": 0, "batch": True}),
     "powertools-sqs": ("powertools", {"cache": False, "batch": True}),
+    # The layer with IDEMPOTENCY_METRICS=emf (an EMF document per invocation), for the cost of metrics (run.py).
+    "layer+emf": ("layer", {"transport": "lean", "cache": 0, "metrics": "emf"}),
 }
 
 
 def layer_env(
-    table: str, endpoint: str, transport: str = "lean", cache: int = 0, batch: bool = False
+    table: str, endpoint: str, transport: str = "lean", cache: int = 0, batch: bool = False, metrics: str = "off"
 ) -> dict[str, str]:
     """The layer's settings, as a function would have them (the wrapper sets IDEMPOTENCY_ORIGINAL_HANDLER).
 
@@ -78,6 +80,7 @@ def layer_env(
         "IDEMPOTENCY_TTL_SECONDS": str(TTL_SECONDS),
         "IDEMPOTENCY_LOCAL_CACHE_SIZE": str(cache),
         "IDEMPOTENCY_TRANSPORT": transport,
+        "IDEMPOTENCY_METRICS": metrics,
         "AWS_ENDPOINT_URL_DYNAMODB": endpoint,
     }
     if batch:

@@ -8,7 +8,9 @@ One run, one DynamoDB Local behind one counting proxy, the same events for every
      the proxy over http and, through a TLS forwarder on loopback (bench/tls.py), over https;
   3. end to end under the Runtime Interface Emulator (bench/rie_bench.py): the function bare, with the layer and
      with Powertools;
-  4. where the layer's hot path spends its CPU (bench/profile_hot.py): parts timed alone, and cProfile.
+  4. where the layer's hot path spends its CPU (bench/profile_hot.py): parts timed alone, and cProfile;
+  5. what metrics cost: the layer's CPU per invocation with IDEMPOTENCY_METRICS=emf over without (`_metrics_cost`;
+     alone: `bench/run.py --only-metrics-cost`).
 It reports; it asserts nothing about speed. Output: a table on stdout, bench/results.json, bench/ratios.png and
 bench/README-section.md, the benchmark section to paste into docs/performance.md below its introduction.
 """
@@ -16,10 +18,12 @@ bench/README-section.md, the benchmark section to paste into docs/performance.md
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # tests.support, after bench/ itself
 
@@ -51,6 +55,79 @@ def _tables(endpoint: str) -> dict[str, str]:
     return tables
 
 
+METRICS_SYSTEMS = ("layer", "layer+emf")
+
+
+def _metrics_cost(proxy: CountingProxy, tables: dict[str, str], iterations: int, warmup: int, log_path: Path,
+                  progress: Any = print) -> dict[str, Any]:
+    """The layer's CPU per invocation with IDEMPOTENCY_METRICS=emf (one EMF document written per invocation, to
+    the worker's stdout, a file) and without, on first runs and replays: the two workers interleaved in batches
+    of 10, the order alternating, as bench/inprocess.py interleaves its systems. Medians, and their ratio."""
+    from inprocess import Path_, Samples, Worker
+    from stats import median_ms
+
+    paths = (Path_("first", "metrics", systems=METRICS_SYSTEMS), Path_("replay", "metrics", systems=METRICS_SYSTEMS))
+    samples = {p.name: {s: Samples() for s in METRICS_SYSTEMS} for p in paths}
+    batch = 10
+    warmup = -(-warmup // batch) * batch
+    with open(log_path, "ab") as log:
+        workers = {s: Worker(s, tables[s], proxy.endpoint, log) for s in METRICS_SYSTEMS}
+        try:
+            for path in paths:
+                progress(f"  metrics cost, {path.name}: {', '.join(METRICS_SYSTEMS)}")
+                total = warmup + iterations
+                for number, start in enumerate(range(0, total, batch)):
+                    order = METRICS_SYSTEMS if number % 2 == 0 else METRICS_SYSTEMS[::-1]
+                    for system in order:
+                        answer = workers[system].run(path, start, min(batch, total - start))
+                        if start >= warmup:
+                            samples[path.name][system].cpu_ns += answer["cpu"]
+                            samples[path.name][system].runs += answer["runs"]
+                            samples[path.name][system].wrong += answer["wrong"]
+        finally:
+            for worker in workers.values():
+                worker.close()
+    # The emf worker's documents went to the log (its stdout): one an invocation, or the figure means nothing.
+    with open(log_path, errors="replace") as log:
+        written = sum('"_aws"' in line for line in log)
+    expected = len(paths) * (warmup + iterations)
+    if written != expected:
+        raise RuntimeError(f"the layer+emf worker wrote {written} EMF documents for {expected} invocations")
+    rows: dict[str, Any] = {}
+    for name, systems in samples.items():
+        off, on = (median_ms(systems[s].cpu_ns) for s in METRICS_SYSTEMS)
+        rows[name] = {"cpu_p50_ms_off": off, "cpu_p50_ms_emf": on, "ratio": on / off if off else float("nan"),
+                      "added_us": (on - off) * 1000, "n": len(systems["layer"].cpu_ns),
+                      "wrong_results": sum(s.wrong for s in systems.values())}
+    return rows
+
+
+def _render_metrics_cost(rows: dict[str, Any]) -> str:
+    lines = ["", "What metrics cost: the layer's CPU per invocation, IDEMPOTENCY_METRICS=emf over off (medians, "
+             "in-process, interleaved)", "| path | CPU ms off | CPU ms emf | ratio | added us |",
+             "|---|---|---|---|---|"]
+    for name, row in rows.items():
+        lines.append(f"| {name} | {row['cpu_p50_ms_off']:.3f} | {row['cpu_p50_ms_emf']:.3f} | {row['ratio']:.3f} | "
+                     f"{row['added_us']:.0f} |")
+    return "\n".join(lines)
+
+
+def _only_metrics_cost(iterations: int, warmup: int) -> int:
+    with tempfile.TemporaryDirectory(prefix="idempotency-bench-") as tmp:
+        log = Path(tmp) / "bench.log"
+        ddb = DynamoDBLocal(Path(tmp) / "dynamodb.log").start()
+        proxy = CountingProxy("127.0.0.1", ddb.port)
+        try:
+            tables = _tables(ddb.endpoint)
+            rows = _metrics_cost(proxy, tables, iterations, warmup, log, lambda m: print(m, file=sys.stderr))
+        finally:
+            proxy.close()
+            ddb.stop()
+    print(_render_metrics_cost(rows))
+    print(json.dumps(rows, indent=1))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a smoke run: few iterations, few init samples")
@@ -58,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-e2e", action="store_true", help="skip the Runtime Interface Emulator part")
     parser.add_argument("--no-init", action="store_true", help="skip the init part")
     parser.add_argument("--no-profile", action="store_true", help="skip profiling the layer's hot path")
+    parser.add_argument("--only-metrics-cost", action="store_true",
+                        help="measure only what IDEMPOTENCY_METRICS=emf costs per invocation, print it, write nothing")
     parser.add_argument("--out", type=Path, help="where results.json, ratios.png and README-section.md (the "
                         "benchmark section of docs/performance.md) go (default: bench/, or a temporary folder with "
                         "--quick, so a smoke run never replaces them)")
@@ -68,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     warmup = 10 if args.quick else 30
     init_samples = 3 if args.quick else 16
     e2e_iterations = 20 if args.quick else 150
+    if args.only_metrics_cost:
+        return _only_metrics_cost(iterations, warmup)
 
     started = time.monotonic()
     meta = report.machine()
@@ -86,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
             results["inprocess"] = inprocess.measure(
                 proxy, tables, iterations, warmup, 10, log, progress=lambda m: print(m, file=sys.stderr)
             )
+            print("==> what metrics cost", file=sys.stderr)
+            results["metrics_cost"] = _metrics_cost(proxy, tables, iterations, warmup, log,
+                                                    lambda m: print(m, file=sys.stderr))
             if not args.no_init:
                 import initbench
 
@@ -116,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
             ddb.stop()
     meta["seconds"] = round(time.monotonic() - started, 1)
     summary = report.summarise(results)
+    summary["metrics_cost"] = results["metrics_cost"]
     print(report.render(summary))
+    print(_render_metrics_cost(results["metrics_cost"]))
     report.write(summary, args.out)
     print(f"\nwrote results.json, ratios.png and README-section.md to {args.out} in {meta['seconds']} s",
           file=sys.stderr)

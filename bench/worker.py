@@ -34,7 +34,7 @@ def build(system: str, table: str) -> Any:
     if kind == "layer":
         endpoint = os.environ["AWS_ENDPOINT_URL_DYNAMODB"]
         os.environ.update(layer_env(table, endpoint, settings["transport"], settings["cache"],
-                                    settings.get("batch", False)))
+                                    settings.get("batch", False), settings.get("metrics", "off")))
         from idempotency_layer import interceptor  # reads its settings at import, like at a function's init
 
         return interceptor.handler

@@ -12,6 +12,7 @@ from localstack_client import config as localstack_config
 from localstack_client.session import Session
 
 from tests.support.dynamodb_local import DynamoDBLocal, create_table
+from tests.support.sqs_server import SQSServer
 
 _names = itertools.count()
 # The transports the DynamoDB suites run on, named as IDEMPOTENCY_TRANSPORT and the sources name them: `lean`
@@ -92,3 +93,13 @@ def layer_env(dynamodb: DynamoDBLocal | _LocalStack, monkeypatch: pytest.MonkeyP
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
         monkeypatch.delenv(name, raising=False)
     return dynamodb
+
+
+# moto's server on a free loopback port (Lambda, IAM, SQS, Kinesis...), one per test module: no state crosses.
+@pytest.fixture(scope="module")
+def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SQSServer]:
+    server = SQSServer(tmp_path_factory.mktemp("moto") / "moto.log").start()
+    try:
+        yield server
+    finally:
+        server.stop()

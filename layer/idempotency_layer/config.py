@@ -20,6 +20,13 @@ if TYPE_CHECKING:
 _TRUE = frozenset({"true", "1", "yes"})
 _FALSE = frozenset({"false", "0", "no"})
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# AWS_LAMBDA_LOG_LEVEL as awslambdaric reads it (upper-cased, TRACE taken as DEBUG, a name `logging` knows or
+# ignored), as the level name this layer sets
+_LAMBDA_LOG_LEVELS = {"TRACE": "DEBUG", "DEBUG": "DEBUG", "INFO": "INFO", "WARN": "WARNING", "WARNING": "WARNING",
+                      "ERROR": "ERROR", "FATAL": "CRITICAL", "CRITICAL": "CRITICAL"}
+_METRICS = ("off", "emf")
+# CloudWatch's namespace rules: 1 to 255 of these characters, and not AWS/ (reserved for AWS's own metrics)
+_NAMESPACE = re.compile(r"[A-Za-z0-9 ._/#:-]{1,255}")
 _TRANSPORTS = ("lean", "boto3")
 _SCOPES = ("auto", "event", "record")
 STREAM_FAILURES = ("checkpoint", "records")  # sources.batch reads it too
@@ -94,7 +101,9 @@ class Config(namedtuple("Config", (
     "read_timeout",
     "max_attempts",
     "original_handler",
-))):
+    "metrics",
+    "metrics_namespace",
+), defaults=("off", "Idempotency"))):
     # disabled: bool
     # table: str
     # scope: str  # auto: batches from SQS, Kinesis, DynamoDB Streams per record, other events whole; event; record
@@ -122,6 +131,8 @@ class Config(namedtuple("Config", (
     # read_timeout: float
     # max_attempts: int
     # original_handler: str
+    # metrics: str  # off; emf: one CloudWatch embedded metric format document per invocation on stdout
+    # metrics_namespace: str
     __slots__ = ()
 
 
@@ -205,6 +216,26 @@ def _attribute(env: Mapping[str, str], name: str, default: str | None) -> str | 
     value = _text(env, name, default)
     if value is not None and len(value.encode()) > 255:
         raise IdempotencyConfigurationError(f"{name}={value!r} is not accepted; attribute names are 1 to 255 bytes")
+    return value
+
+
+def _log_level(env: Mapping[str, str]) -> str:
+    """IDEMPOTENCY_LOG_LEVEL when set; else AWS_LAMBDA_LOG_LEVEL (Lambda's application log level) as the runtime
+    applies it to the root logger; else WARNING."""
+    if _text(env, "IDEMPOTENCY_LOG_LEVEL") is not None:
+        return _choice(env, "IDEMPOTENCY_LOG_LEVEL", "WARNING", _LOG_LEVELS)
+    lambda_level = (_text(env, "AWS_LAMBDA_LOG_LEVEL") or "").upper()
+    return _LAMBDA_LOG_LEVELS.get(lambda_level, "WARNING")  # a value the runtime ignores, this layer ignores too
+
+
+def _namespace(env: Mapping[str, str]) -> str:
+    value = _text(env, "IDEMPOTENCY_METRICS_NAMESPACE", "Idempotency")
+    assert value is not None
+    if not _NAMESPACE.fullmatch(value) or value.upper().startswith("AWS/"):
+        raise IdempotencyConfigurationError(
+            f"IDEMPOTENCY_METRICS_NAMESPACE={value!r} is not a CloudWatch namespace (1 to 255 of A-Z a-z 0-9 and "
+            "space . _ / # : -, not starting with AWS/)"
+        )
     return value
 
 
@@ -311,10 +342,12 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         local_cache_size=_int(env, "IDEMPOTENCY_LOCAL_CACHE_SIZE", 0, 0, 100_000),
         attributes=attributes,
         partition_value=partition_value,
-        log_level=_choice(env, "IDEMPOTENCY_LOG_LEVEL", "WARNING", _LOG_LEVELS),
+        log_level=_log_level(env),
         transport=_choice(env, "IDEMPOTENCY_TRANSPORT", "lean", _TRANSPORTS),
         connect_timeout=_float(env, "IDEMPOTENCY_CONNECT_TIMEOUT", 2.0, 0.05, 60.0),
         read_timeout=_float(env, "IDEMPOTENCY_READ_TIMEOUT", 3.0, 0.05, 60.0),
         max_attempts=_int(env, "IDEMPOTENCY_MAX_ATTEMPTS", 3, 1, 10),
         original_handler=original_handler,
+        metrics=_choice(env, "IDEMPOTENCY_METRICS", "off", _METRICS),
+        metrics_namespace=_namespace(env),
     )

@@ -26,6 +26,7 @@ from .errors import (
     IdempotencyPersistenceLayerError,
     IdempotencyResultTooLargeError,
 )
+from .log import fields
 from .store import COMPLETED, Record, Store
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
@@ -129,9 +130,11 @@ def _check_fingerprint(key: str, stored: str | None, given: str | None) -> None:
     if stored is None or given is None or stored.partition(".")[2] != given.partition(".")[2]:
         return
     if stored != given:
+        # An HTTP request's default fingerprint (method, path, body) ends in ".http"; anything else is the expression's.
+        what = ("its method, path, query or body differ" if given.endswith(".http")
+                else "IDEMPOTENCY_PAYLOAD_JMESPATH selects something else from this event")
         raise IdempotencyPayloadMismatchError(
-            f"key {key!r} was used before with another payload (IDEMPOTENCY_PAYLOAD_JMESPATH selects something "
-            "else from this event); the handler did not run"
+            f"key {key!r} was used before with another payload ({what}); the handler did not run"
         )
 
 
@@ -162,6 +165,9 @@ class Cycle:
         # Set when a completion failed for a reason no retry can change: from then on this environment runs no
         # handler, since no run of it could be recorded and every duplicate would run again.
         self.refusal: str | None = None
+        # The invocation's counts (metrics.Tally) while one runs, when metrics or INFO logs are on; else None, and
+        # counting costs one test of it per invocation (the HTTP runner's makes two).
+        self.tally: Any = None
 
     def run(self, key: str, invoke: Callable[[], Any], remaining_ms: int, fingerprint: str | None = None,
             results: Results | None = None, keep: Callable[[Any], bool] | None = None) -> Outcome:
@@ -175,18 +181,33 @@ class Cycle:
         """
         results = results or self.results
         deadline = Deadline.after(remaining_ms / 1000)  # the invocation's, for completion and release
+        tally = self.tally
+        if tally is not None:
+            tally.key = key
         self.check()
-        cached = self.cached(key, fingerprint)
-        if cached is not None:
-            return Outcome(self._decode(key, cached, results), True)
         try:
-            claimed = self.claim(key, remaining_ms, fingerprint)
-        except IdempotencyAlreadyInProgressError:
-            if self.wait_seconds <= 0:
-                raise
-            claimed = self._wait(key, remaining_ms, fingerprint)
+            cached = self.cached(key, fingerprint)
+            if cached is not None:
+                if tally is not None:
+                    tally.add("LocalCacheReplays")
+                return Outcome(self._decode(key, cached, results), True)
+            try:
+                claimed = self.claim(key, remaining_ms, fingerprint)
+            except IdempotencyAlreadyInProgressError:
+                if self.wait_seconds <= 0:
+                    raise
+                claimed = self._wait(key, remaining_ms, fingerprint)
+        except (IdempotencyAlreadyInProgressError, IdempotencyPayloadMismatchError) as error:
+            if tally is not None:
+                in_progress = isinstance(error, IdempotencyAlreadyInProgressError)
+                tally.add("InProgressConflicts" if in_progress else "PayloadMismatches")
+            raise
         if isinstance(claimed, Record):
+            if tally is not None:
+                tally.add("Replays")
             return self._replay(claimed, results)
+        if tally is not None:
+            tally.add("FirstExecutions")
         return Outcome(self._invoke(key, claimed, invoke, fingerprint, results, keep, deadline), False)
 
     # -- the steps, for callers that run many keys around one handler call (batch records) ----------------
@@ -235,9 +256,10 @@ class Cycle:
         try:
             if self.store.release(key, owner, deadline):
                 logger.warning("claiming key %r failed with an answer that leaves open whether it landed; withdrew "
-                               "any claim of ours there", key)
+                               "any claim of ours there", key, extra=fields(key, "store_error"))
         except Exception:
-            logger.debug("withdrawing a claim on key %r that may have landed failed too", key)
+            logger.debug("withdrawing a claim on key %r that may have landed failed too", key,
+                         extra=fields(key, "store_error"))
 
     def complete(self, key: str, owner: str, result: codec.Encoded, fingerprint: str | None = None,
                  deadline: Deadline | None = None) -> None:
@@ -269,47 +291,64 @@ class Cycle:
                 if error.permanent or retry_by is None or not retry_by.allows(pause):
                     return self._completion_failed(key, error, attempt)
                 logger.warning("completing key %r failed (attempt %d), retrying in %.2f s: %s", key, attempt, pause,
-                               error)
+                               error, extra=fields(key))
+                if self.tally is not None:
+                    self.tally.add("CompletionRetries")
                 self.sleep(pause)
                 delay = min(delay * 2, LAST_COMPLETE_RETRY_S)
                 attempt += 1
             except BaseException as error:  # not the store's word (a bug, MemoryError): complete without the result
                 logger.error("completing key %r failed (%s); completing it without its result", key,
-                             type(error).__name__)
+                             type(error).__name__, extra=fields(key))
                 bare = result if result.data is None else codec.Encoded(codec.TOO_LARGE, None)
                 try:
                     self.store.complete(key, owner, bare, expires_at, last)
                 except BaseException:
                     logger.error("completing key %r without its result failed too; it stays claimed until its "
-                                 "deadline", key)
+                                 "deadline", key, extra=fields(key))
+                    if self.tally is not None:
+                        self.tally.add("CompletionFailures")
                 return
         if not completed:
-            logger.error("claim on key %r expired and was taken over before completion; returning our result", key)
+            logger.error("claim on key %r expired and was taken over before completion; returning our result", key,
+                         extra=fields(key))
+            if self.tally is not None:
+                self.tally.add("CompletionFailures")
         elif self.cache is not None:
             self.cache.put(key, expires_at, result, fingerprint)
 
     def _completion_failed(self, key: str, error: IdempotencyPersistenceLayerError, attempts: int) -> None:
         logger.error("completing key %r failed after %d attempt(s); returning the result anyway: %s", key, attempts,
-                     error)
+                     error, extra=fields(key))
+        if self.tally is not None:
+            self.tally.add("CompletionFailures")
         if error.permanent:
             self.refusal = (
                 f"this execution environment runs no more handlers: completing key {key!r} failed for a reason "
                 f"no retry can change ({error}); fix the table or the function's role, then redeploy"
             )
-            logger.error("%s", self.refusal)
+            logger.error("%s", self.refusal, extra=fields(key))
 
     def release(self, key: str, owner: str, deadline: Deadline | None = None) -> None:
         """Delete our claim on `key`, so a retry runs the handler again. Never raises. `deadline`: the
         invocation's, as for `complete`, so the handler's own error reaches the caller before the timeout."""
+        released = "Releases"  # what the tally counts: a claim that stays is not a release
         try:
             if not self.store.release(key, owner, _requests_by(deadline)):
-                logger.warning("claim on key %r was taken over before release; left it alone", key)
+                logger.warning("claim on key %r was taken over before release; left it alone", key,
+                               extra=fields(key, "released"))
         except IdempotencyPersistenceLayerError as error:
+            released = "ReleaseFailures"
             # The store's word names the request and the failure: no traceback to format, which costs milliseconds
             # a key when all of a batch's releases run out of time together, just before the deadline.
-            logger.error("releasing key %r failed; it stays claimed until its deadline: %s", key, error)
+            logger.error("releasing key %r failed; it stays claimed until its deadline: %s", key, error,
+                         extra=fields(key, "release_failed"))
         except Exception:
-            logger.error("releasing key %r failed; it stays claimed until its deadline", key, exc_info=True)
+            released = "ReleaseFailures"
+            logger.error("releasing key %r failed; it stays claimed until its deadline", key, exc_info=True,
+                         extra=fields(key, "release_failed"))
+        if self.tally is not None:
+            self.tally.add(released)
 
     # -- internals ----------------------------------------------------------------------------------------
 
@@ -363,6 +402,9 @@ class Cycle:
         """Wait for the live claim on `key` to end: the completed record to replay, or our own claim once it was
         released or expired. Raises the in-progress error when the wait or the invocation runs out first."""
         started = time.monotonic()
+        tally = self.tally
+        if tally is not None:
+            tally.add("Waits")
         # The wait ends when it is spent or WAIT_MARGIN_MS before the invocation's deadline, whichever is first;
         # every poll carries that point as its deadline, and none starts that it seems it could not finish by
         # then (judged by how long the last one took), so a slow table answers in-progress, not a timeout.
@@ -372,7 +414,7 @@ class Cycle:
         while True:
             left = wait_end.left() - poll_s
             if left <= 0:
-                raise self._still_running(key, started)
+                raise self._still_running(key, started, tally)
             self.sleep(min(delay * (0.5 + random.random() / 2), left))  # the last poll ends as the wait ends
             delay = min(delay * 2, LAST_POLL_S)
             polled = time.monotonic()
@@ -380,25 +422,32 @@ class Cycle:
                 record = self.store.get(key, wait_end)  # a consistent read
             except IdempotencyPersistenceLayerError:
                 if wait_end.passed():  # cut by the wait's end: the claim was live when last seen
-                    raise self._still_running(key, started) from None
+                    raise self._still_running(key, started, tally) from None
                 raise
             poll_s = time.monotonic() - polled
             now = self.clock()
             if record is not None and not record.is_expired(now):
                 _check_fingerprint(key, record.fingerprint, fingerprint)
                 if record.status == COMPLETED:
+                    if tally is not None:
+                        tally.add("WaitsReplayed")
                     return record
                 if not record.is_claim_expired(now):
                     continue
             # Released or expired: claim it ourselves, for the time this invocation has left.
             left_ms = remaining_ms - int((time.monotonic() - started) * 1000)
             try:
-                return self.claim(key, left_ms, fingerprint)
+                claimed = self.claim(key, left_ms, fingerprint)
             except IdempotencyAlreadyInProgressError:
                 continue  # another copy claimed it first: wait for that one
+            if tally is not None:
+                tally.add("WaitsReplayed" if isinstance(claimed, Record) else "WaitsClaimed")
+            return claimed
 
     @staticmethod
-    def _still_running(key: str, started: float) -> IdempotencyAlreadyInProgressError:
+    def _still_running(key: str, started: float, tally: Any = None) -> IdempotencyAlreadyInProgressError:
+        if tally is not None:
+            tally.add("WaitsTimedOut")
         return IdempotencyAlreadyInProgressError(
             f"another invocation is still running key {key!r} after waiting {time.monotonic() - started:.1f} s "
             "for it (IDEMPOTENCY_WAIT_SECONDS)"
@@ -431,9 +480,13 @@ class Cycle:
             self.release(key, owner, deadline)  # the runtime reports its own error for it, as it would without us
             return value
         except BaseException as error:  # our own failure (a bug, MemoryError, RecursionError): do not rerun
-            logger.error("result of key %r cannot be stored (%s); replays will raise", key, type(error).__name__)
+            logger.error("result of key %r cannot be stored (%s); replays will raise", key, type(error).__name__,
+                         extra=fields(key, "first_run"))
             delivered, result = value, codec.Encoded(codec.TOO_LARGE, None)
         if result.format == codec.TOO_LARGE:
-            logger.warning("result of key %r is too large to store; replays will raise", key)
+            logger.warning("result of key %r is too large to store; replays will raise", key,
+                           extra=fields(key, "first_run"))
+            if self.tally is not None:
+                self.tally.add("ResultsTooLarge")
         self.complete(key, owner, result, fingerprint, deadline)
         return delivered

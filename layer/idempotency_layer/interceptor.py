@@ -16,7 +16,7 @@ from functools import partial
 
 from . import config as _config
 from .errors import IdempotencyConfigurationError, IdempotencyKeyError
-from .log import LOGGER_NAME, setup
+from .log import LOGGER_NAME, fields, setup
 from .results import runtime_attribute, runtime_results
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
@@ -85,8 +85,10 @@ class _Whole:
                 )
             _logger.warning(
                 "IDEMPOTENCY_KEY_JMESPATH=%r selected nothing from the event; running without idempotency",
-                self.expression,
+                self.expression, extra=fields(None, "passed_through"),
             )
+            if self.cycle.tally is not None:
+                self.cycle.tally.add("PassThroughs")
             return self.handler(event, context)
         fingerprint = self.keys.fingerprint(event)
         return self.cycle.run(key, partial(self.handler, event, context), _remaining_ms(context), fingerprint).value
@@ -101,7 +103,7 @@ def build(config: _config.Config, user_handler: Any, *, transport: Any = None, s
     module imported, and its runner built, for the first event of its kind), anything else to the whole-event
     runner."""
     from .cycle import Cycle
-    from .keys import KeyDeriver
+    from .keys import KeyDeriver, route
     from .store import DynamoDBStore
 
     keys = KeyDeriver(config.key_prefix, config.key_jmespath, config.payload_jmespath)
@@ -113,36 +115,51 @@ def build(config: _config.Config, user_handler: Any, *, transport: Any = None, s
         cycle = Cycle(store, config.ttl_seconds, config.local_cache_size, results=runtime_results(),
                       min_claim_ms=config.in_progress_seconds * 1000, wait_seconds=config.wait_seconds)
     whole = _Whole(cycle, keys, config.require_key, user_handler, config.key_jmespath)
-    batches: Any = None  # the batch runner, built for the first event with a Records list
+    batches: Any = None  # the batch runner, built for the first batch
     requests: Any = None  # the HTTP runner, built for the first HTTP event
-    http_sources = config.http == "auto" and config.scope != "record"
 
     def handler(event: Any, context: Any) -> Any:
         nonlocal batches, requests
         try:
-            if http_sources and isinstance(event, dict) and isinstance(event.get("requestContext"), dict):
-                from .sources import http  # only functions behind an HTTP source pay for its import
+            kind, found = route(config, event)  # imports a source's module for the first event of its kind
+            if kind == "http":
+                if requests is None:
+                    from .sources import http
 
-                request = http.parse(event)
-                if request is not None:
-                    if requests is None:
-                        requests = http.Runner(cycle, keys, user_handler, _remaining_ms, config)
-                    return requests.run(request, event, context)
-            if config.scope != "event" and (config.scope != "auto" or (
-                    isinstance(event, dict) and isinstance(event.get("Records"), list))):
-                # (not a batch under `auto`: the batch module is not even imported for it)
-                from .sources import batch  # a function that is never sent a batch never pays for its import
-
+                    requests = http.Runner(cycle, keys, user_handler, _remaining_ms, config)
+                return requests.run(found, event, context)
+            if kind == "batch":
                 if batches is None:
+                    from .sources import batch
+
                     batches = batch.Runner(cycle, keys, config.require_key, user_handler, config.stream_failures)
-                found = batch.parse(event, required=config.scope == "record")
-                if found is not None:
-                    return batches.run(found, event, context, _remaining_ms(context))
+                return batches.run(found, event, context, _remaining_ms(context))
             return whole.run(event, context)
         except BaseException as error:
             # The runtime reports the traceback: drop the layer's frames (this one frame stays, as in any re-raise).
             # A bare re-raise, not `from`: the user's __cause__ and __context__ stay as they were.
             raise error.with_traceback(_without_layer_frames(error.__traceback__))  # noqa: B904
+
+    if config.metrics != "off" or _logger.isEnabledFor(logging.INFO):
+        # Only then: each invocation counted and written (metrics.Observer). Otherwise the handler above is the
+        # one, and a test of `cycle.tally` (two for an HTTP request) is all an invocation pays.
+        from .metrics import Observer
+
+        observer = Observer(cycle, config.metrics == "emf", config.metrics_namespace)
+        dispatch = handler
+
+        def handler(event: Any, context: Any) -> Any:
+            tally = observer.start()
+            error = None
+            try:
+                return dispatch(event, context)
+            except BaseException as raised:
+                error = raised
+                # As in the handler above: this frame stays, the layer's frames below it go.
+                raise raised.with_traceback(_without_layer_frames(raised.__traceback__))  # noqa: B904
+            finally:
+                observer.finish(tally, context, error)
+                del error  # no cycle from this frame to the exception and back
 
     handler.cycle = cycle  # type: ignore[attr-defined]  # what it runs on (its store, their transport): for tests
     return handler

@@ -203,3 +203,27 @@ class KeyDeriver:
                 f"the value selected by IDEMPOTENCY_KEY_JMESPATH={self.expression or '@'!r} cannot be hashed: "
                 f"{_describe(error)}"
             ) from None
+
+
+def route(config: Any, event: Any) -> tuple[str, Any]:
+    """How the layer serves `event` under `config`: ("http", the parsed request), ("batch", the parsed batch) or
+    ("event", None) for a whole event, each with its own key rule. Raises IdempotencyKeyError for an event no
+    source may take (a malformed batch, or no batch under IDEMPOTENCY_SCOPE=record). Side-effect free: the
+    operator CLI calls it too. Here, not in `sources`, so a function that only gets whole events imports no
+    source module at all."""
+    if (config.http == "auto" and config.scope != "record" and isinstance(event, dict)
+            and isinstance(event.get("requestContext"), dict)):
+        from .sources import http  # only functions behind an HTTP source pay for its import
+
+        request = http.parse(event)
+        if request is not None:
+            return "http", request
+    if config.scope != "event" and (config.scope != "auto" or (
+            isinstance(event, dict) and isinstance(event.get("Records"), list))):
+        # (not a batch under `auto`: the batch module is not even imported for it)
+        from .sources import batch  # a function that is never sent a batch never pays for its import
+
+        found = batch.parse(event, required=config.scope == "record")
+        if found is not None:
+            return "batch", found
+    return "event", None

@@ -3,6 +3,9 @@
 Inside the Lambda runtime the root logger already has the runtime's handler, which writes one JSON object
 a line under `AWS_LAMBDA_LOG_FORMAT=JSON`, extra fields included; the layer's records go through it.
 Outside it (local runs, tests) the layer adds a handler of its own that follows the same setting.
+
+Every record about a key carries it as `idempotency_key` (the stored, hashed key) and, where known,
+`idempotency_outcome` (`fields`): under JSON both formatters write them as fields of the line.
 """
 
 from __future__ import annotations
@@ -26,11 +29,17 @@ class _JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
             "logger": record.name,
         }
-        entry.update((k, v) for k, v in vars(record).items() if k not in self._STANDARD)
+        # None dropped, as the runtime's formatter does
+        entry.update((k, v) for k, v in vars(record).items() if k not in self._STANDARD and v is not None)
         if record.exc_info:
             entry["errorType"] = record.exc_info[0].__name__ if record.exc_info[0] else None
             entry["stackTrace"] = self.formatException(record.exc_info)
         return orjson.dumps(entry, default=str).decode()
+
+
+def fields(key: str | None, outcome: str | None = None) -> dict[str, str | None]:
+    """The `extra` of a record about `key`: JSON formatters write each as a field of the line."""
+    return {"idempotency_key": key, "idempotency_outcome": outcome}
 
 
 def setup(level: str) -> logging.Logger:

@@ -16,6 +16,7 @@ from . import codec
 from .config import Attributes
 from .dynamodb import CHECK_FAILED, Deadline, DynamoDBError, Transport
 from .errors import IdempotencyConfigurationError, IdempotencyPersistenceLayerError
+from .log import fields
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
@@ -334,7 +335,24 @@ class DynamoDBStore:
                 return False
             # Nothing there: our own delete already landed (its answer lost, the request sent again after a
             # dropped connection or retried), or the record expired and was removed. Either way not taken over.
-            _logger.info("claim on key %r was already gone at release", key)
+            _logger.info("claim on key %r was already gone at release", key, extra=fields(key, "released"))
+        return True
+
+    def purge(self, key: str, status: str, owner: str | None) -> bool:
+        """Delete the record of `key` if it still has the `status` and `owner` an operator was shown (the CLI's
+        purge). False: it changed since, and nothing was deleted."""
+        condition, values = "#s = :s AND attribute_not_exists(#o)", {":s": {"S": status}}
+        if owner is not None:
+            condition, values[":o"] = "#s = :s AND #o = :o", {"S": owner}
+        params = {"Key": self._item_key(key), "ConditionExpression": condition,
+                  "ExpressionAttributeNames": {"#s": self.attr.status, "#o": self.attr.owner},
+                  "ExpressionAttributeValues": values}
+        try:
+            self._call("DeleteItem", key, params)
+        except DynamoDBError as error:
+            if error.code != CHECK_FAILED:  # (_call lets only a failed condition through as a DynamoDBError)
+                raise
+            return False
         return True
 
     def get(self, key: str, deadline: Deadline | None = None) -> Record | None:

@@ -17,6 +17,7 @@ import uuid
 from typing import Any, NamedTuple
 
 import pytest
+from awslambdaric.lambda_runtime_log_utils import JsonFormatter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,6 +32,7 @@ from idempotency_layer.errors import (
     IdempotencyResultTooLargeError,
 )
 from idempotency_layer.store import COMPLETED, INPROGRESS, DynamoDBStore
+from tests.support import emf
 from tests.support.dynamodb_local import create_table
 
 EXAMPLES = int(os.environ.get("IDEMPOTENCY_PROPERTY_EXAMPLES", "60"))  # a longer run is a variable away
@@ -295,9 +297,10 @@ def test_a_table_unreachable_at_init_is_checked_before_the_first_claim(transport
 # -- no event or result content in errors and logs ------------------------------------------------------------
 
 
-def test_no_event_or_result_content_in_errors_or_logs(load, caplog, capsys):
-    """Every error path of ours, with the secret in the event and in the result."""
+def test_no_event_or_result_content_in_errors_or_logs(load, caplog, capsys, monkeypatch):
+    """Every error path of ours, with the secret in the event and in the result; metrics and INFO lines on."""
     seen: list[str] = []
+    monkeypatch.setenv("IDEMPOTENCY_METRICS", "emf")  # each invocation's EMF document goes to stdout
 
     def attempt(interceptor: Any, event: Any, result: Any = None) -> None:
         interceptor.user_handler = lambda e, c: result
@@ -334,6 +337,12 @@ def test_no_event_or_result_content_in_errors_or_logs(load, caplog, capsys):
     assert not [line for line in ours if SECRET in line]
     captured = capsys.readouterr()
     assert SECRET not in captured.err and SECRET not in captured.out
+    # Every record whole, its fields included, as the runtime's JSON formatter writes it; every document.
+    formatter = JsonFormatter()
+    written = [formatter.format(r) for r in caplog.records if r.name.startswith("idempotency_layer")]
+    assert any('"idempotency_outcome": "first_run"' in line for line in written)  # the INFO lines are there
+    assert not [line for line in written if SECRET in line]
+    assert len(emf.documents(captured.out)) == len(seen) + 3  # one an invocation: 3 did not raise
 
 
 def test_record_states_are_only_completed_or_absent_after_a_run(store, ddb_client, table_name):

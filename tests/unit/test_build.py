@@ -316,3 +316,63 @@ def test_the_source_hash_is_cpythons(tmp_path: Path) -> None:
         magic_hex, hashes = run.stdout.split("\n")[:2]
         magic = bytes.fromhex(magic_hex)
         assert [verify_layer.source_hash(magic, d).hex() for d in samples] == hashes.split()
+
+
+# The wheel for container images (./build.sh wheel, scripts/build_wheel.py).
+
+
+def _build_wheel() -> Path:
+    done = subprocess.run(["bash", str(ROOT / "build.sh"), "wheel"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return ROOT / done.stdout.strip().splitlines()[-1].split(":")[0]
+
+
+@pytest.fixture(scope="module")
+def wheel() -> Path:
+    return _build_wheel()
+
+
+def test_wheel_carries_what_the_zip_carries_at_run_time(zips: dict[str, Path], wheel: Path) -> None:
+    # Every file of the zip's python/idempotency_layer but its bytecode (pip compiles at install), byte for byte:
+    # the sources and the certificate directories; and nothing else of the package.
+    prefix = "python/"
+    with zipfile.ZipFile(zips["x86_64"]) as zf:
+        layer = {n[len(prefix):]: zf.read(n) for n in zf.namelist()
+                 if n.startswith(prefix + "idempotency_layer/") and "__pycache__" not in n.split("/")}
+    with zipfile.ZipFile(wheel) as wf:
+        packaged = {n: wf.read(n) for n in wf.namelist() if n.startswith("idempotency_layer/")}
+        wrapper = wf.read("idempotency_layer-0.1.0.data/scripts/idempotency-wrapper")
+    assert sorted(packaged) == sorted(layer)
+    assert packaged == layer
+    assert sum(1 for n in packaged if "/cacerts/" in n) > 200
+    assert wrapper == (ROOT / "wrapper" / "idempotency-wrapper").read_bytes()
+
+
+def test_wheel_builds_the_same_bytes_again(wheel: Path) -> None:
+    first = wheel.read_bytes()
+    assert _build_wheel().read_bytes() == first
+    with zipfile.ZipFile(wheel) as wf:
+        infos = wf.infolist()
+    assert {i.date_time for i in infos} == {(1980, 1, 1, 0, 0, 0)}
+    assert wheel.name == "idempotency_layer-0.1.0-py3-none-any.whl"
+
+
+def test_wheel_checker_refuses_a_bad_wheel(wheel: Path, tmp_path: Path) -> None:
+    from scripts import build_wheel
+
+    assert build_wheel.check(wheel) == []
+    bad = tmp_path / wheel.name
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(bad, "w") as dst:
+        for info in src.infolist():
+            if info.filename.endswith(("/scripts/idempotency-wrapper", "/store.py")):
+                continue
+            data = src.read(info)
+            if info.filename.endswith("/METADATA"):
+                data = data.replace(b"Requires-Dist: jmespath>=1.0\n", b"")
+            dst.writestr(info, data)
+        dst.writestr("idempotency_layer/__pycache__/keys.cpython-312.pyc", b"")
+    problems = build_wheel.check(bad)
+    assert any("store.py missing" in p for p in problems), problems
+    assert any("idempotency-wrapper missing" in p for p in problems), problems
+    assert any("Requires-Dist jmespath missing" in p for p in problems), problems
+    assert any("no bytecode or tests" in p for p in problems), problems

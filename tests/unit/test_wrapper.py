@@ -57,6 +57,15 @@ def test_container_image_rewrites_the_awslambdaric_argument(fake_ric: str) -> No
     assert got["handler"] is None  # the image's handler is the argument; _HANDLER is left alone
 
 
+@pytest.mark.parametrize("module", [["-m", "awslambdaric"], ["-mawslambdaric"]])
+def test_either_spelling_of_the_module_option_is_rewritten(fake_ric: str, module: list[str]) -> None:
+    # Python takes `-mawslambdaric` as `-m awslambdaric`; the emulator also sets _HANDLER, which awslambdaric ignores
+    # when it has the argument: the argument is the one that must point at the interceptor.
+    got = run([sys.executable, *module, "app.handler"], PYTHONPATH=fake_ric, _HANDLER="app.handler")
+    assert got["argv"] == [INTERCEPTOR]
+    assert got["original"] == "app.handler"
+
+
 def test_run_twice_keeps_the_first_original(fake_ric: str) -> None:
     got = run(["bash", str(WRAPPER), *PROBE_CMD], _HANDLER="app.handler")
     assert (got["handler"], got["original"]) == (INTERCEPTOR, "app.handler")

@@ -21,6 +21,7 @@ from ..cycle import Cycle
 from ..dynamodb import Deadline
 from ..errors import IdempotencyAlreadyInProgressError, IdempotencyKeyError, IdempotencyPayloadMismatchError
 from ..keys import KeyDeriver, is_empty
+from ..log import fields
 from ..store import Record
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
@@ -132,6 +133,38 @@ def handler_failures(value: Any, sent: Iterable[str]) -> set[str] | None:
     return failed
 
 
+def record_key(keys: KeyDeriver, batch: Batch, index: int) -> str | None:
+    """The stored key of record `index` (None: the key expression selected nothing from it); raises
+    IdempotencyKeyError for a record without one. Side-effect free: the operator CLI derives keys with it too."""
+    record = batch.records[index]
+    if keys.expression is not None:
+        return keys.key(record)
+    identity = [record.get(name) for name in batch.source.identity]
+    for name, value in zip(batch.source.identity, identity, strict=True):
+        if not isinstance(value, str) or not value:
+            raise IdempotencyKeyError(
+                f"record {index} of the {batch.source.name} batch has no {name}, part of its default key; "
+                "set IDEMPOTENCY_KEY_JMESPATH to key its records another way"
+            )
+    return keys.key_of(identity[0] if len(identity) == 1 else identity)
+
+
+def refuse_a_whole_event_expression(keys: KeyDeriver, batch: Batch, event: dict[str, Any]) -> None:
+    """An expression that selects nothing from any record but something from the whole event was written
+    for the whole event (`Records[0].messageId`): running the records unguarded would run them twice."""
+    try:
+        whole = keys.select(event)
+    except IdempotencyKeyError:
+        return
+    if not is_empty(whole):
+        raise IdempotencyKeyError(
+            f"IDEMPOTENCY_KEY_JMESPATH={keys.expression!r} selects nothing from any record of this "
+            f"{batch.source.name} batch but selects a value from the whole event: under IDEMPOTENCY_SCOPE=auto "
+            "or record it is applied to each record (write it for one record, e.g. json_parse(body).orderId), "
+            "or set IDEMPOTENCY_SCOPE=event to key the whole event; the handler did not run"
+        )
+
+
 class _Executor:
     """Runs calls concurrently on a few threads kept for the life of the environment, created on first use."""
 
@@ -173,22 +206,15 @@ class Runner:
         self._executor = _Executor()
 
     def _key(self, batch: Batch, index: int) -> str | None:
-        record = batch.records[index]
-        if self.keys.expression is not None:
-            return self.keys.key(record)
-        identity = [record.get(name) for name in batch.source.identity]
-        for name, value in zip(batch.source.identity, identity, strict=True):
-            if not isinstance(value, str) or not value:
-                raise IdempotencyKeyError(
-                    f"record {index} of the {batch.source.name} batch has no {name}, part of its default key; "
-                    "set IDEMPOTENCY_KEY_JMESPATH to key its records another way"
-                )
-        return self.keys.key_of(identity[0] if len(identity) == 1 else identity)
+        return record_key(self.keys, batch, index)
 
     def run(self, batch: Batch, event: dict[str, Any], context: Any, remaining_ms: int) -> Any:
+        count = len(batch.records)
+        tally = self.cycle.tally
+        if tally is not None:
+            tally.kind, tally.records = "batch", count
         self.cycle.check()
         deadline = Deadline.after(remaining_ms / 1000)  # the invocation's, for completion and release
-        count = len(batch.records)
         keys: list[str | None] = [None] * count
         blocked: set[int] = set()  # records that cannot run now: the layer reports them as failures
         nothing: list[int] = []  # records the expression selected nothing from
@@ -196,7 +222,8 @@ class Runner:
             try:
                 keys[index] = self._key(batch, index)
             except IdempotencyKeyError as error:
-                logger.warning("record %d of the batch has no usable key, reported as failed: %s", index, error)
+                logger.warning("record %d of the batch has no usable key, reported as failed: %s", index, error,
+                               extra=fields(None))
                 blocked.add(index)
                 continue
             if keys[index] is None:
@@ -207,13 +234,13 @@ class Runner:
             if self.require_key:
                 logger.warning(
                     "IDEMPOTENCY_KEY_JMESPATH=%r selected nothing from record %d and IDEMPOTENCY_REQUIRE_KEY is true; "
-                    "reported as failed", self.keys.expression, index,
+                    "reported as failed", self.keys.expression, index, extra=fields(None),
                 )
                 blocked.add(index)
             else:
                 logger.warning(
                     "IDEMPOTENCY_KEY_JMESPATH=%r selected nothing from record %d; running it without idempotency",
-                    self.keys.expression, index,
+                    self.keys.expression, index, extra=fields(None, "passed_through"),
                 )
 
         prints: list[str | None] = [None] * count  # payload fingerprints, with IDEMPOTENCY_PAYLOAD_JMESPATH
@@ -224,11 +251,12 @@ class Runner:
                         prints[index] = self.keys.fingerprint(batch.records[index])
                     except IdempotencyKeyError as error:
                         logger.warning("record %d of the batch has no usable fingerprint, reported as failed: %s",
-                                       index, error)
+                                       index, error, extra=fields(keys[index]))
                         blocked.add(index)
 
         # One claim per distinct key, at its first record; later copies share that record's outcome.
         first: dict[str, int] = {}
+        mismatches = cache_hits = replays = in_progress = 0  # distinct keys, for the invocation's tally
         for index, key in enumerate(keys):
             if key is None or index in blocked:
                 continue
@@ -236,8 +264,9 @@ class Runner:
                 first[key] = index
             elif prints[index] != prints[first[key]]:
                 logger.warning("record %d has the key of record %d with another payload; reported as failed",
-                               index, first[key])
+                               index, first[key], extra=fields(key, "mismatch"))
                 blocked.add(index)
+                mismatches += 1
         # A completed record is done, whatever ran it: a whole event with the same key did this operation too.
         done: set[str] = set()
         busy: set[str] = set()  # in progress elsewhere, or used before with another payload
@@ -245,9 +274,11 @@ class Runner:
             try:
                 if self.cycle.cached(key, prints[index]) is not None:
                     done.add(key)
+                    cache_hits += 1
             except IdempotencyPayloadMismatchError as error:
-                logger.warning("%s; its record is reported as failed", error)
+                logger.warning("%s; its record is reported as failed", error, extra=fields(key, "mismatch"))
                 busy.add(key)
+                mismatches += 1
         to_claim = [key for key in first if key not in done and key not in busy]
         owners: dict[str, str] = {}
         failure: Exception | None = None
@@ -259,10 +290,15 @@ class Runner:
                 owners[key] = claimed
             elif isinstance(claimed, Record):
                 done.add(key)
-            elif isinstance(claimed, (IdempotencyAlreadyInProgressError, IdempotencyPayloadMismatchError)):
-                logger.log(logging.INFO if isinstance(claimed, IdempotencyAlreadyInProgressError) else logging.WARNING,
-                           "%s; its record is reported as failed", claimed)
+                replays += 1
+            elif isinstance(claimed, IdempotencyAlreadyInProgressError):
+                logger.info("%s; its record is reported as failed", claimed, extra=fields(key, "in_progress"))
                 busy.add(key)
+                in_progress += 1
+            elif isinstance(claimed, IdempotencyPayloadMismatchError):
+                logger.warning("%s; its record is reported as failed", claimed, extra=fields(key, "mismatch"))
+                busy.add(key)
+                mismatches += 1
             else:
                 failure = failure or claimed
         if failure is not None:
@@ -291,6 +327,10 @@ class Runner:
         unused = [(key, owner) for key, owner in owners.items() if key not in passed_keys]
         self._release(unused, deadline)  # FIFO: claims of records after the stop
         owned = [(key, owners[key]) for key in passed_keys]  # type: ignore[index]
+        if tally is not None:  # per distinct key; a key's later records in the batch share its first's outcome
+            tally.add_many(FirstExecutions=len(owned), PassThroughs=sum(keys[index] is None for index in passed),
+                           Replays=replays, LocalCacheReplays=cache_hits, InProgressConflicts=in_progress,
+                           PayloadMismatches=mismatches)
 
         value: Any = None
         if passed:
@@ -306,7 +346,7 @@ class Runner:
                 logger.error(
                     "the handler's batchItemFailures is not a valid partial batch response (a list of "
                     "{\"itemIdentifier\": <an identifier of a record of the batch>}), which fails the whole batch; "
-                    "released every record it was given"
+                    "released every record it was given", extra=fields(None, "released"),
                 )
                 self._release(owned, deadline)
                 return value
@@ -323,7 +363,7 @@ class Runner:
                 if unnamed:
                     logger.info("checkpoint at record %d of the stream batch: %d record(s) after it that the handler "
                                 "did not name released too (IDEMPOTENCY_STREAM_FAILURES=checkpoint)", checkpoint,
-                                unnamed)
+                                unnamed, extra=fields(None, "released"))
                 failed.extend(range(checkpoint, count))
             else:
                 failed_keys = {keys[index] for index in passed if batch.identifiers[index] in reported}
@@ -342,19 +382,7 @@ class Runner:
         return {**value, "batchItemFailures": items} if isinstance(value, dict) else {"batchItemFailures": items}
 
     def _refuse_a_whole_event_expression(self, batch: Batch, event: dict[str, Any]) -> None:
-        """An expression that selects nothing from any record but something from the whole event was written
-        for the whole event (`Records[0].messageId`): running the records unguarded would run them twice."""
-        try:
-            whole = self.keys.select(event)
-        except IdempotencyKeyError:
-            return
-        if not is_empty(whole):
-            raise IdempotencyKeyError(
-                f"IDEMPOTENCY_KEY_JMESPATH={self.keys.expression!r} selects nothing from any record of this "
-                f"{batch.source.name} batch but selects a value from the whole event: under IDEMPOTENCY_SCOPE=auto "
-                "or record it is applied to each record (write it for one record, e.g. json_parse(body).orderId), "
-                "or set IDEMPOTENCY_SCOPE=event to key the whole event; the handler did not run"
-            )
+        refuse_a_whole_event_expression(self.keys, batch, event)
 
     def _complete(self, claims: list[tuple[str, str]], prints: dict[str, str | None], deadline: Deadline) -> None:
         done = codec.Encoded(codec.DONE, None)

@@ -17,6 +17,7 @@ from functools import partial
 from .. import errors
 from ..cycle import Cycle
 from ..keys import KeyDeriver, digest, is_empty
+from ..log import fields
 from ..results import value_results
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
@@ -299,6 +300,24 @@ def mark_replayed(request: Request, response: Any, dumps: Callable[[Any], str | 
     return marked
 
 
+def request_key(keys: KeyDeriver, settings: Any, request: Request, event: Any) -> tuple[str | None, str | None]:
+    """The key and fingerprint of `request`, or (None, None) when it has no key; raises HeaderError or
+    IdempotencyKeyError. `settings`: the configuration (or a runner), for key_header, key_jmespath,
+    payload_jmespath and caller_headers. Side-effect free: the operator CLI derives keys with it too."""
+    value = key_header(request, settings.key_header)
+    # The header's value, else what the key expression selects; tagged, so the two never meet.
+    value = None if value is None else ["header", value]
+    if value is None and settings.key_jmespath:
+        selected = keys.select(event)
+        value = None if is_empty(selected) else ["expression", selected]
+    if value is None:
+        return None, None  # the whole-event key would make every retry new: requests carry ids
+    key = keys.key_of(key_material(request, value, settings.caller_headers))
+    if settings.payload_jmespath:
+        return key, keys.fingerprint(event)
+    return key, f"{digest(default_payload(request))}.http"
+
+
 class Runner:
     """Runs HTTP requests through the cycle: the key from the header (else what the key expression selects),
     the layer's errors as problem responses, replays marked."""
@@ -317,23 +336,13 @@ class Runner:
         self._results: Any = None  # built for the first request that runs through the cycle
 
     def _key(self, request: Request, event: Any) -> tuple[str | None, str | None]:
-        """The key and fingerprint of `request`, or (None, None) when it has no key; raises HeaderError or
-        IdempotencyKeyError."""
-        value = key_header(request, self.key_header)
-        # The header's value, else what the key expression selects; tagged, so the two never meet.
-        value = None if value is None else ["header", value]
-        if value is None and self.key_jmespath:
-            selected = self.keys.select(event)
-            value = None if is_empty(selected) else ["expression", selected]
-        if value is None:
-            return None, None  # the whole-event key would make every retry new: requests carry ids
-        key = self.keys.key_of(key_material(request, value, self.caller_headers))
-        if self.payload_jmespath:
-            return key, self.keys.fingerprint(event)
-        return key, f"{digest(default_payload(request))}.http"
+        return request_key(self.keys, self, request, event)
 
     def run(self, request: Request, event: Any, context: Any) -> Any:
         """The response to `request`: the handler's, a replay of it marked, or a problem response."""
+        tally = self.cycle.tally
+        if tally is not None:
+            tally.kind = "http"
         try:
             key, fingerprint = self._key(request, event)
         except (HeaderError, errors.IdempotencyKeyError) as error:
@@ -345,7 +354,9 @@ class Runner:
                 )
             logger.warning("an HTTP request without the %s header%s; running it without idempotency", self.key_header,
                            f" and nothing selected by IDEMPOTENCY_KEY_JMESPATH={self.key_jmespath!r}"
-                           if self.key_jmespath else "")
+                           if self.key_jmespath else "", extra=fields(None, "passed_through"))
+            if tally is not None:
+                tally.add("PassThroughs")
             return self.handler(event, context)
         if self._results is None:
             self._results = value_results()
@@ -357,22 +368,22 @@ class Runner:
                                      fingerprint, results=results,
                                      keep=lambda response: status_of(request, response) < 500)
         except errors.IdempotencyPayloadMismatchError as error:
-            logger.info("%s; answered 422", error)
+            logger.info("%s; answered 422", error, extra=fields(key, "mismatch"))
             if not self.payload_jmespath:  # the default fingerprint: say what it covers
                 return problem(request, 422, f"key {key!r} was used before with another request (its method, "
                                "path, query or body differ); the request did not run")
             return problem(request, 422, str(error))
         except errors.IdempotencyAlreadyInProgressError as error:
-            logger.info("%s; answered 409", error)
+            logger.info("%s; answered 409", error, extra=fields(key, "in_progress"))
             return problem(request, 409, str(error), retry_after=1)
         except errors.IdempotencyResultTooLargeError as error:
-            logger.warning("%s; answered 500", error)
+            logger.warning("%s; answered 500", error, extra=fields(key, "replay"))
             return problem(request, 500, str(error))
         except errors.IdempotencyKeyError as error:
-            logger.warning("%s; answered 400", error)
+            logger.warning("%s; answered 400", error, extra=fields(key))
             return problem(request, 400, str(error))
         except (errors.IdempotencyPersistenceLayerError, errors.IdempotencyClaimConflictError) as error:
-            logger.error("%s", error)
+            logger.error("%s", error, extra=fields(key, "store_error"))
             return problem(request, 503, "the idempotency store is unavailable; the request did not run",
                            retry_after=1)
         if not outcome.replayed:

@@ -1,0 +1,461 @@
+"""`doctor`: checks the settings, the table and the permissions the layer needs (and, with `--function`, a
+deployed function and its event source mappings), each one line: PASS, WARN or FAIL, with the fix.
+
+Table checks use the layer's own DynamoDB client (it signs any JSON 1.0 operation: DescribeTable,
+DescribeTimeToLive); the four permissions are proven with the layer's own store on a probe key that is
+removed again. Only `--function` needs boto3 (the Lambda and SQS APIs)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import namedtuple
+
+from .. import codec
+from ..dynamodb import DynamoDBError
+from ..errors import IdempotencyConfigurationError, IdempotencyPersistenceLayerError
+from . import settings as _settings
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
+WRAPPER = "/opt/idempotency-wrapper"
+SUPPORTED = (10, 14)  # python3.10 to python3.14, the runtimes the layer is built and tested for
+PROBE_SECONDS = 120  # how long a probe record could outlive a doctor that dies mid-probe
+_CREDENTIAL_CODES = frozenset({"NoCredentialsError", "UnrecognizedClientException", "InvalidSignatureException",
+                               "ExpiredTokenException", "MissingAuthenticationTokenException",
+                               "InvalidClientTokenId", "SignatureDoesNotMatch"})
+
+
+# Refusals that a grant (or the right credentials) fixes; any other failure proves nothing about the role.
+_DENIALS = frozenset({"AccessDeniedException", "UnrecognizedClientException", "MissingAuthenticationTokenException",
+                      "InvalidSignatureException", "KMSAccessDeniedException"})
+
+
+class Check(namedtuple("Check", ("name", "status", "detail", "fix"), defaults=(None,))):
+    # name: str; status: PASS | WARN | FAIL; detail: str; fix: str | None
+    __slots__ = ()
+
+
+def _code(error: BaseException) -> str:
+    cause = error if isinstance(error, DynamoDBError) else error.__cause__
+    return cause.code if isinstance(cause, DynamoDBError) else type(error).__name__
+
+
+# -- the function and its event source mappings (pure: tested without the Lambda API) -----------------------
+
+def wrapper_check(wrapper: str | None, package: str) -> Check:
+    """AWS_LAMBDA_EXEC_WRAPPER for `package`: "zip" (the layer, so exactly /opt/idempotency-wrapper), "image"
+    (the wheel, installed anywhere; unset when the wrapper is the image's ENTRYPOINT) or "local" (either)."""
+    name = "AWS_LAMBDA_EXEC_WRAPPER"
+    blank = not (wrapper or "").strip()
+    installed = not blank and wrapper.startswith("/") and wrapper.rsplit("/", 1)[-1] == "idempotency-wrapper"
+    image_fix = (f"set {name} to the absolute path of idempotency-wrapper in the image (e.g. "
+                 "/var/lang/bin/idempotency-wrapper after pip install of the wheel), or make it the ENTRYPOINT")
+    if package == "zip":
+        if wrapper == WRAPPER:
+            return Check("wrapper", PASS, f"{name}={WRAPPER}")
+        said = "not set" if wrapper is None else f"{wrapper!r}"
+        return Check("wrapper", FAIL, f"{name} is {said}: the layer never runs",
+                     f"set {name}={WRAPPER} in the function's environment")
+    if package == "image":
+        if installed:
+            return Check("wrapper", PASS, f"{name}={wrapper}")
+        if blank:
+            return Check("wrapper", WARN, f"a container image without {name}: the wrapper must be its ENTRYPOINT "
+                         "(not checked)", image_fix)
+        return Check("wrapper", FAIL, f"{name} is {wrapper!r}: not an absolute path to idempotency-wrapper, so "
+                     "the layer never runs", image_fix)
+    if installed:
+        return Check("wrapper", PASS, f"{name}={wrapper}")
+    if blank:
+        return Check("wrapper", WARN, f"{name} is not in these settings",
+                     f"the function needs {name}={WRAPPER} (a layer) or the path of idempotency-wrapper in its "
+                     "image (or doctor --function NAME)")
+    return Check("wrapper", FAIL, f"{name} is {wrapper!r}: not an absolute path to idempotency-wrapper, so the "
+                 "layer never runs", f"set {name}={WRAPPER} (a layer) or the absolute path of idempotency-wrapper "
+                 "in the image")
+
+
+def next_wrapper_check(value: str | None) -> Check | None:
+    """IDEMPOTENCY_NEXT_WRAPPER: the wrapper execs it, so it must be an absolute path (exit 126 otherwise)."""
+    if value is None or not value.strip():
+        return None
+    if value.startswith("/"):
+        return Check("next wrapper", PASS, f"IDEMPOTENCY_NEXT_WRAPPER={value}")
+    return Check("next wrapper", FAIL, f"IDEMPOTENCY_NEXT_WRAPPER={value!r} is not an absolute path: the wrapper "
+                 "exits 126 and no invocation runs", "set it to the absolute path of the next wrapper, or unset it")
+
+
+def _runtime_check(runtime: str | None) -> Check:
+    minor = runtime[len("python3."):] if runtime and runtime.startswith("python3.") else ""
+    if minor.isdigit() and SUPPORTED[0] <= int(minor) <= SUPPORTED[1]:
+        return Check("runtime", PASS, runtime)
+    return Check("runtime", FAIL, f"{runtime or 'no runtime'}: the layer supports python3.{SUPPORTED[0]} to "
+                 f"python3.{SUPPORTED[1]}", f"set the function's runtime to python3.{SUPPORTED[0]} - "
+                 f"python3.{SUPPORTED[1]} (e.g. aws lambda update-function-configuration --runtime python3.12)")
+
+
+def _architecture_check(arn: str, architecture: str) -> Check:
+    name = arn.split(":layer:")[-1].split(":")[0]
+    other = "arm64" if architecture == "x86_64" else "x86_64"
+    if name.endswith(f"-{architecture}"):
+        return Check("architecture", PASS, f"{architecture}, layer {name}")
+    if name.endswith(f"-{other}"):
+        return Check("architecture", FAIL, f"the function runs on {architecture}, the layer {name} is built for "
+                     f"{other}: its compiled parts do not load", f"attach the {name[:-len(other)]}{architecture} "
+                     "layer's version ARN")
+    return Check("architecture", WARN, f"the function runs on {architecture}; layer {name}'s name says neither "
+                 "x86_64 nor arm64", f"make sure the layer was built for {architecture}")
+
+
+def function_checks(configuration: dict[str, Any], layer_name: str) -> list[Check]:
+    """What GetFunctionConfiguration says about the layer's place in the function."""
+    checks = []
+    image = configuration.get("PackageType") == "Image"
+    if not image:
+        checks.append(_runtime_check(configuration.get("Runtime")))
+    arns = [layer.get("Arn", "") for layer in configuration.get("Layers") or []]
+    named = [arn for arn in arns if layer_name in arn.split(":layer:")[-1]]
+    if named:
+        checks.append(Check("layer", PASS, f"attached: {named[0]}"))
+        architecture = (configuration.get("Architectures") or ["x86_64"])[0]
+        checks.append(_architecture_check(named[0], architecture))
+    elif image:
+        checks.append(Check("layer", WARN, "a container image has no layers: skipped (install the wheel in it)"))
+    else:
+        checks.append(Check("layer", FAIL, f"no layer whose name contains {layer_name!r} among {len(arns)} layer(s)",
+                            "attach the idempotency layer's version ARN (or pass --layer-name with its name)"))
+    variables = (configuration.get("Environment") or {}).get("Variables") or {}
+    checks.append(wrapper_check(variables.get("AWS_LAMBDA_EXEC_WRAPPER"), "image" if image else "zip"))
+    following = next_wrapper_check(variables.get("IDEMPOTENCY_NEXT_WRAPPER"))
+    if following is not None:
+        checks.append(following)
+    role = configuration.get("Role")
+    checks.append(Check("role", PASS, role) if role else
+                  Check("role", FAIL, "the function names no role", "give the function an execution role"))
+    return checks
+
+
+def timeout_check(timeout: int, wait_seconds: float) -> Check:
+    if wait_seconds >= timeout:
+        return Check("timeout", WARN, f"{timeout} s, but IDEMPOTENCY_WAIT_SECONDS={wait_seconds:g} is as long: a "
+                     "waiting copy times out before its wait ends", "set IDEMPOTENCY_WAIT_SECONDS below the timeout")
+    return Check("timeout", PASS, f"{timeout} s")
+
+
+def mapping_kind(mapping: dict[str, Any]) -> str:
+    arn = mapping.get("EventSourceArn") or ""
+    if mapping.get("SelfManagedEventSource") or ":kafka:" in arn:
+        return "Kafka"
+    for marker, kind in ((":sqs:", "SQS"), (":kinesis:", "Kinesis"), (":dynamodb:", "DynamoDB Streams")):
+        if marker in arn:
+            return kind
+    return "other"
+
+
+def mapping_checks(mapping: dict[str, Any], timeout: int, queue: dict[str, str] | None = None) -> list[Check]:
+    """What makes one event source mapping's batches safe under the layer. `queue`: an SQS queue's attributes
+    (GetQueueAttributes), or None when they could not be read."""
+    kind = mapping_kind(mapping)
+    uuid = mapping.get("UUID", "?")
+    name = f"mapping {uuid} ({kind})"
+    update = f"aws lambda update-event-source-mapping --uuid {uuid}"
+    if kind == "other":
+        return [Check(name, PASS, "not a batch source the layer serves per record")]
+    checks = []
+    if "ReportBatchItemFailures" in (mapping.get("FunctionResponseTypes") or []):
+        checks.append(Check(name, PASS, "ReportBatchItemFailures is on"))
+    else:
+        checks.append(Check(name, FAIL, "ReportBatchItemFailures is off: Lambda ignores the layer's partial batch "
+                            "response and retries or drops whole batches",
+                            f"{update} --function-response-types ReportBatchItemFailures"))
+    if kind == "Kafka":
+        if mapping.get("ProvisionedPollerConfig"):
+            checks.append(Check(name, PASS, "provisioned mode"))
+        else:
+            checks.append(Check(name, FAIL, "not in provisioned mode: partial batch responses need it on Kafka",
+                                f"{update} --provisioned-poller-config MinimumPollers=1,MaximumPollers=2"))
+    if kind == "SQS":
+        if queue is None:
+            checks.append(Check(name, FAIL, "the queue's attributes could not be read (GetQueueAttributes)",
+                                "run doctor with credentials that may call sqs:GetQueueAttributes"))
+            return checks
+        visibility = int(queue.get("VisibilityTimeout", "30"))
+        if visibility >= 6 * timeout:
+            checks.append(Check(name, PASS, f"visibility timeout {visibility} s >= 6 x the {timeout} s timeout"))
+        else:
+            checks.append(Check(name, FAIL, f"visibility timeout {visibility} s < 6 x the function's {timeout} s "
+                                "timeout: messages come back while their batch may still run",
+                                f"aws sqs set-queue-attributes --queue-url {queue.get('QueueUrl', '<url>')} "
+                                f"--attributes VisibilityTimeout={6 * timeout}"))
+        if queue.get("RedrivePolicy"):
+            checks.append(Check(name, PASS, "a dead-letter queue (RedrivePolicy)"))
+        else:
+            checks.append(Check(name, FAIL, "no dead-letter queue: a message that always fails is retried until "
+                                "it expires", "set a RedrivePolicy with a deadLetterTargetArn and maxReceiveCount"))
+        return checks
+    destination = ((mapping.get("DestinationConfig") or {}).get("OnFailure") or {}).get("Destination")
+    if destination:
+        checks.append(Check(name, PASS, f"on-failure destination {destination}"))
+    else:
+        checks.append(Check(name, FAIL, "no on-failure destination: a record that always fails blocks its shard "
+                            "until it expires", f"{update} --destination-config "
+                            "'{\"OnFailure\":{\"Destination\":\"<queue or topic ARN>\"}}'"))
+    return checks
+
+
+def _client(session: Any, service: str, **options: Any) -> Any:
+    from botocore.config import Config
+
+    # A stalled endpoint must end in a FAIL line within seconds, not botocore's 60 s reads retried for minutes.
+    # Two attempts in all (Config's "max_attempts" counts retries: 2 would be three 10 s reads).
+    return session.client(service, config=Config(connect_timeout=5, read_timeout=10,
+                                                 retries={"total_max_attempts": 2, "mode": "standard"}), **options)
+
+
+def _deployed(name: str, region: str | None) -> tuple[dict[str, Any], list[dict[str, Any]], Any]:
+    import boto3  # only `doctor --function` needs it
+
+    session = boto3.session.Session(region_name=region)
+    client = _client(session, "lambda")
+    configuration = client.get_function_configuration(FunctionName=name)
+    mappings: list[dict[str, Any]] = []
+    for page in client.get_paginator("list_event_source_mappings").paginate(FunctionName=name):
+        mappings.extend(page.get("EventSourceMappings", []))
+    return configuration, mappings, session
+
+
+_MISSING_QUEUE = frozenset({"QueueDoesNotExist", "AWS.SimpleQueueService.NonExistentQueue"})
+_THROTTLED = frozenset({"Throttling", "ThrottlingException", "TooManyRequestsException", "RequestLimitExceeded",
+                        "ServiceUnavailable", "ServiceUnavailableException", "InternalFailure",
+                        "InternalServerError", "ServiceException"})
+
+
+def aws_failure(error: BaseException) -> tuple[str, str]:
+    """What a boto3 call's failure was (an error code or type) and the kind of fix it needs: "missing",
+    "transient" (a timeout, a 5xx, a throttle: retry) or "access" (credentials, permissions, the name)."""
+    response = getattr(error, "response", None)
+    if isinstance(response, dict):  # a ClientError: the service answered
+        answer = response.get("Error") if isinstance(response.get("Error"), dict) else {}
+        code = str(answer.get("Code") or type(error).__name__)
+        status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode") or 0
+        if code in _MISSING_QUEUE or code == "ResourceNotFoundException":
+            return code, "missing"
+        if code in _THROTTLED or (isinstance(status, int) and status >= 500):
+            return code, "transient"
+        return code, "access"
+    kind = type(error).__name__
+    if kind in ("NoCredentialsError", "PartialCredentialsError", "NoRegionError", "ProfileNotFound"):
+        return kind, "access"
+    return kind, "transient"  # timeouts, refused connections, broken answers: the endpoint did not answer
+
+
+def _queue(session: Any, arn: str) -> tuple[dict[str, str] | None, Check | None]:
+    """An SQS queue's attributes, or None and what kept doctor from reading them."""
+    parts = arn.split(":")
+    try:
+        sqs = _client(session, "sqs", region_name=parts[3])
+        url = sqs.get_queue_url(QueueName=parts[5], QueueOwnerAWSAccountId=parts[4])["QueueUrl"]
+        attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["VisibilityTimeout", "RedrivePolicy"]
+                                              ).get("Attributes", {})
+        return {**attributes, "QueueUrl": url}, None
+    except Exception as error:
+        code, kind = aws_failure(error)
+        if kind == "missing":
+            return None, Check("queue", FAIL, f"the mapping's queue {arn} does not exist ({code}): the mapping "
+                               "delivers nothing", "delete the mapping, or create the queue again")
+        if kind == "transient":
+            return None, Check("queue", FAIL, f"the queue's attributes could not be read ({code})",
+                               "the SQS endpoint did not answer; retry doctor")
+        return None, Check("queue", FAIL, f"the queue's attributes could not be read ({code})",
+                           "run doctor with credentials that may call sqs:GetQueueUrl and sqs:GetQueueAttributes")
+
+
+# -- the table and the permissions ----------------------------------------------------------------------------
+
+def _unreadable() -> Check:
+    return Check("table", FAIL, "DescribeTable's answer is not one this doctor can read (a 200 without a table "
+                 "description)", "check the endpoint (AWS_ENDPOINT_URL_DYNAMODB / --endpoint-url): it should be "
+                 "DynamoDB")
+
+
+def table_checks(config: Any, transport: Any) -> tuple[list[Check], bool]:
+    """Credentials, the table, its key schema and TTL. Also whether the permission probe can run."""
+    a = config.attributes
+    table = config.table
+    try:
+        description = transport.call("DescribeTable", {"TableName": table})["Table"]
+    except DynamoDBError as error:
+        if error.code in _CREDENTIAL_CODES:
+            return [Check("credentials", FAIL, f"DynamoDB refused them: {error.code}",
+                          "export the credentials of the function's role (or a profile), and its Region")], False
+        if error.code == "ResourceNotFoundException":
+            return [Check("table", FAIL, f"no table {table!r} in {transport.region}",
+                          f"create it: aws dynamodb create-table --table-name {table} --attribute-definitions "
+                          f"AttributeName={a.key},AttributeType=S --key-schema AttributeName={a.key},KeyType=HASH "
+                          "--billing-mode PAY_PER_REQUEST (or set IDEMPOTENCY_TABLE / --table)")], False
+        if error.code != "AccessDeniedException":
+            return [Check("table", FAIL, f"DescribeTable failed: {error.code}: {error.message}",
+                          "retry doctor (a timeout, a throttle or a 5xx passes); else check the Region, the endpoint "
+                          "and the network")], False
+        return [Check("table", WARN, "these credentials may not call DescribeTable: schema and TTL not checked",
+                      "run doctor with dynamodb:DescribeTable and DescribeTimeToLive (the function does not "
+                      "need them)")], True
+    except (KeyError, TypeError):  # a 200 whose body has no Table
+        return [_unreadable()], False
+    try:
+        checks = [Check("credentials", PASS, f"accepted in {transport.region} at {transport.endpoint}"),
+                  Check("table", PASS, f"{description.get('TableName')} ({description.get('TableStatus')})")]
+        schema = {k["KeyType"]: k["AttributeName"] for k in description.get("KeySchema", [])}
+        types = {d["AttributeName"]: d["AttributeType"] for d in description.get("AttributeDefinitions", [])}
+    except (KeyError, TypeError, AttributeError, ValueError):
+        return [_unreadable()], False
+    expected = {"HASH": a.key} if a.sort_key is None else {"HASH": a.key, "RANGE": a.sort_key}
+    said = ", ".join(f"{name} ({kind}, {types.get(name, '?')})" for kind, name in schema.items())
+    if schema == expected and all(types.get(name) == "S" for name in expected.values()):
+        checks.append(Check("key schema", PASS, said))
+    else:
+        want = f"{a.key} (HASH, S)" + (f", {a.sort_key} (RANGE, S)" if a.sort_key else "")
+        checks.append(Check("key schema", FAIL, f"the table has {said}; the settings expect {want}",
+                            "set IDEMPOTENCY_KEY_ATTR / IDEMPOTENCY_SORT_KEY_ATTR to the table's key, or use a "
+                            "table with that key"))
+        return checks, False
+    try:
+        ttl = transport.call("DescribeTimeToLive", {"TableName": table}).get("TimeToLiveDescription", {})
+        if not isinstance(ttl, dict):
+            raise TypeError("TimeToLiveDescription")
+    except DynamoDBError as error:
+        checks.append(Check("ttl", WARN, f"DescribeTimeToLive failed: {error.code}", "check TTL in the console"))
+        return checks, True
+    except (KeyError, TypeError, AttributeError):
+        checks.append(Check("ttl", WARN, "DescribeTimeToLive's answer is not one this doctor can read",
+                            "check TTL in the console"))
+        return checks, True
+    enable = (f"aws dynamodb update-time-to-live --table-name {table} --time-to-live-specification "
+              f"Enabled=true,AttributeName={a.expires_at}")
+    if ttl.get("TimeToLiveStatus") in ("ENABLED", "ENABLING") and ttl.get("AttributeName") == a.expires_at:
+        checks.append(Check("ttl", PASS, f"enabled on {a.expires_at}"))
+    elif ttl.get("TimeToLiveStatus") in ("ENABLED", "ENABLING"):
+        checks.append(Check("ttl", WARN, f"enabled on {ttl.get('AttributeName')!r}, not on {a.expires_at!r}: "
+                            "records are never deleted", f"disable it, then {enable}"))
+    else:
+        checks.append(Check("ttl", WARN, f"not enabled ({ttl.get('TimeToLiveStatus', 'DISABLED')}): expired "
+                            "records stay in the table for ever (the layer still ignores them)", enable))
+    return checks, True
+
+
+def permission_checks(store: Any, prefix: str) -> list[Check]:
+    """PutItem, UpdateItem, GetItem and DeleteItem, as the layer makes them, on a probe key removed again.
+    A refused condition proves the permission as well as success does (DynamoDB checks access first)."""
+    suffix = os.urandom(8).hex()
+    key, owner = f"{prefix}#doctor-probe-{suffix}", f"doctor-{suffix}"
+    now = time.time()
+    fix = "grant the function's role dynamodb:{} on table " + repr(store.table)
+    checks = []
+    claimed = False
+
+    def probe(operation: str, action: Any) -> Any:
+        try:
+            done = action()
+        except (IdempotencyPersistenceLayerError, DynamoDBError) as error:
+            code = _code(error)
+            if code in _DENIALS:
+                checks.append(Check(f"permission {operation}", FAIL, f"{code} on probe key {key}",
+                                    fix.format(operation)))
+            else:  # a throttle, a 5xx, a timeout: says nothing about the role
+                checks.append(Check(f"permission {operation}", FAIL, f"could not be proven ({code}) on probe key "
+                                    f"{key}", f"the table answered {code}: retry doctor"))
+            return None
+        checks.append(Check(f"permission {operation}", PASS, f"probe key {key}"))
+        return done
+
+    claimed = probe("PutItem", lambda: store.claim(key, owner, now, int(now * 1000) + PROBE_SECONDS * 1000,
+                                                   int(now) + PROBE_SECONDS) is None)
+    probe("UpdateItem", lambda: store.complete(key, owner, codec.Encoded(codec.DONE, None), int(now) + PROBE_SECONDS))
+    probe("GetItem", lambda: store.get(key))
+    released = probe("DeleteItem", lambda: store.release(key, owner))
+    if claimed and not released:
+        checks.append(Check("probe record", WARN, f"{key} stays until {PROBE_SECONDS} s after the probe (the "
+                            "layer then ignores it; TTL deletes it)", fix.format("DeleteItem")))
+    return checks
+
+
+def run(args: Any, env: dict[str, str]) -> list[Check]:
+    checks: list[Check] = []
+    timeout = None
+    mappings: list[dict[str, Any]] = []
+    session = None
+    if args.function:
+        try:
+            configuration, mappings, session = _deployed(args.function, args.region)
+        except ImportError:
+            return [Check("function", FAIL, "doctor --function reads the function with boto3, which is not installed",
+                          "pip install boto3")]
+        except Exception as error:  # botocore's ClientError and BotoCoreError (timeouts included)
+            code, kind = aws_failure(error)
+            fix = {"transient": "the Lambda endpoint did not answer; retry doctor (and check the Region and "
+                                "the network)",
+                   "missing": "check the function's name and the Region"}.get(
+                kind, "check the name, the Region, the credentials and lambda:GetFunctionConfiguration, "
+                      "lambda:ListEventSourceMappings")
+            return [Check("function", FAIL, f"could not read function {args.function!r}: {code}", fix)]
+        checks.append(Check("function", PASS, f"{configuration.get('FunctionArn')}"))
+        checks += function_checks(configuration, args.layer_name)
+        variables = (configuration.get("Environment") or {}).get("Variables") or {}
+        base = {**{k: v for k, v in os.environ.items() if not k.startswith("IDEMPOTENCY_")}, **variables,
+                "AWS_LAMBDA_FUNCTION_NAME": configuration.get("FunctionName", args.function)}
+        env = _settings.environment(args, base)
+        timeout = int(configuration.get("Timeout", 3))
+    try:
+        config = _settings.load(env)
+    except IdempotencyConfigurationError as error:
+        return [*checks, Check("settings", FAIL, str(error), "fix the setting it names")]
+    checks.append(Check("settings", PASS, f"valid: table {config.table}, key prefix {config.key_prefix!r}, "
+                        f"scope {config.scope}"))
+    if config.disabled:
+        checks.append(Check("disabled", WARN, "IDEMPOTENCY_DISABLED is true: the runtime calls the handler directly "
+                            "and nothing is stored", "unset IDEMPOTENCY_DISABLED to make the function idempotent"))
+        if not config.table:
+            return checks
+    if not args.function:
+        checks.append(wrapper_check(env.get("AWS_LAMBDA_EXEC_WRAPPER"), "local"))
+        following = next_wrapper_check(env.get("IDEMPOTENCY_NEXT_WRAPPER"))
+        if following is not None:
+            checks.append(following)
+    else:
+        checks.append(timeout_check(timeout or 3, config.wait_seconds))
+        for mapping in mappings:
+            queue, unread = None, None
+            if mapping_kind(mapping) == "SQS" and session is not None:
+                queue, unread = _queue(session, mapping.get("EventSourceArn", ""))
+            found = mapping_checks(mapping, timeout or 3, queue)
+            if unread is not None:  # say why the queue could not be read, not the generic line
+                found = [check for check in found if "could not be read" not in check.detail]
+                found.append(unread._replace(name=found[0].name if found else unread.name))
+            checks += found
+    try:
+        transport = _settings.transport(config, env)
+    except Exception as error:
+        return [*checks, Check("client", FAIL, f"the DynamoDB client could not be set up: {type(error).__name__}: "
+                               f"{error}", "set AWS_REGION (or --region), the credentials and the endpoint")]
+    found, probe = table_checks(config, transport)
+    checks += found
+    if probe:
+        from ..store import DynamoDBStore
+
+        store = DynamoDBStore(transport, config.table, config.attributes, config.partition_value)
+        checks += permission_checks(store, config.key_prefix)
+    return checks
+
+
+def text(facts: dict[str, Any]) -> list[str]:
+    lines = []
+    for check in facts["checks"]:
+        lines.append(f"{check['status']} {check['name']}: {check['detail']}")
+        if check["fix"] and check["status"] != PASS:
+            lines.append(f"     fix: {check['fix']}")
+    lines.append(f"{facts['failed']} failed, {facts['warned']} warning(s), {facts['passed']} passed")
+    return lines

@@ -1,0 +1,93 @@
+"""The CLI's settings: the layer's own environment variables, validated by `config.load` exactly as at init,
+with command-line options taking precedence. The handler setting is not needed to derive keys or read records,
+so a placeholder stands in for it when it is unset: the CLI never loads a handler."""
+
+from __future__ import annotations
+
+import os
+
+from .. import config as _config
+from ..errors import IdempotencyConfigurationError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from argparse import ArgumentParser, Namespace
+    from collections.abc import Mapping
+    from typing import Any
+
+PLACEHOLDER_HANDLER = "idempotency-cli.placeholder"
+PLACEHOLDER_TABLE = "unset-table"  # `key` needs no table; every other command requires one
+
+# option -> the environment variable it sets
+OPTIONS = (
+    ("--table", "IDEMPOTENCY_TABLE", "the table's name or ARN"),
+    ("--key-prefix", "IDEMPOTENCY_KEY_PREFIX", "the key prefix (default: the function name)"),
+    ("--function-name", "AWS_LAMBDA_FUNCTION_NAME", "the function's name, the default key prefix"),
+    ("--key-jmespath", "IDEMPOTENCY_KEY_JMESPATH", "the key expression"),
+    ("--payload-jmespath", "IDEMPOTENCY_PAYLOAD_JMESPATH", "the payload fingerprint expression"),
+    ("--scope", "IDEMPOTENCY_SCOPE", "auto, event or record"),
+    ("--http", "IDEMPOTENCY_HTTP", "auto or off"),
+    ("--key-header", "IDEMPOTENCY_KEY_HEADER", "the HTTP key header"),
+    ("--caller-headers", "IDEMPOTENCY_CALLER_HEADERS", "headers that name an HTTP caller"),
+    ("--require-key", "IDEMPOTENCY_REQUIRE_KEY", "true or false"),
+    ("--key-attr", "IDEMPOTENCY_KEY_ATTR", "the table's partition key attribute"),
+    ("--sort-key-attr", "IDEMPOTENCY_SORT_KEY_ATTR", "the table's sort key attribute, when the key goes there"),
+    ("--partition-value", "IDEMPOTENCY_PARTITION_VALUE", "the static partition key value with a sort key"),
+    ("--transport", "IDEMPOTENCY_TRANSPORT", "lean or boto3"),
+    ("--endpoint-url", "AWS_ENDPOINT_URL_DYNAMODB", "DynamoDB's endpoint"),
+)
+
+
+def add_options(parser: ArgumentParser) -> None:
+    group = parser.add_argument_group("settings (each overrides the environment variable it names)")
+    for flag, variable, what in OPTIONS:
+        group.add_argument(flag, metavar="VALUE", help=f"{what} [{variable}]")
+    group.add_argument("--region", metavar="REGION", help="the AWS Region [AWS_REGION]")
+    group.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                       help="any other IDEMPOTENCY_* setting, e.g. --set IDEMPOTENCY_STATUS_ATTR=state")
+    parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+
+
+def environment(args: Namespace, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment the layer would see: `base` (os.environ) with the options applied."""
+    env = dict(os.environ if base is None else base)
+    for item in args.set:
+        name, equals, value = item.partition("=")
+        if not equals or not name.startswith("IDEMPOTENCY_"):
+            raise IdempotencyConfigurationError(f"--set {item!r} is not accepted; expected IDEMPOTENCY_<NAME>=<value>")
+        env[name] = value
+    for flag, variable, _ in OPTIONS:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            env[variable] = value
+    if args.region:
+        env["AWS_REGION"] = env["AWS_DEFAULT_REGION"] = args.region
+    return env
+
+
+def load(env: dict[str, str], need_table: bool = True) -> _config.Config:
+    """The layer's configuration from `env`; raises IdempotencyConfigurationError with init's message."""
+    env = dict(env)
+    if not (env.get("IDEMPOTENCY_ORIGINAL_HANDLER") or "").strip():
+        env["IDEMPOTENCY_ORIGINAL_HANDLER"] = PLACEHOLDER_HANDLER
+    if not need_table and not (env.get("IDEMPOTENCY_TABLE") or "").strip():
+        env["IDEMPOTENCY_TABLE"] = PLACEHOLDER_TABLE
+    return _config.load(env)
+
+
+def transport(config: _config.Config, env: Mapping[str, str]) -> Any:
+    """The layer's own DynamoDB client for `config`, its target (Region, endpoint, credentials) from `env`."""
+    from ..dynamodb import make_transport
+
+    # The client reads its target from the process environment: the options' values must be there.
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_DYNAMODB"):
+        if env.get(name):
+            os.environ[name] = env[name]
+    return make_transport(config.transport, connect_timeout=config.connect_timeout,
+                          read_timeout=config.read_timeout, max_attempts=config.max_attempts)
+
+
+def store(config: _config.Config, env: Mapping[str, str]) -> Any:
+    from ..store import DynamoDBStore
+
+    return DynamoDBStore(transport(config, env), config.table, config.attributes, config.partition_value)

@@ -1,0 +1,292 @@
+"""What each invocation did: counted while it runs, then written as one CloudWatch embedded metric format (EMF)
+document on stdout (IDEMPOTENCY_METRICS=emf) and one INFO line (when the layer logs at INFO or below).
+
+Imported by `interceptor.build` only when one of the two is asked for: otherwise nothing here runs, and the cycle
+and the runners pay one test of `cycle.tally` (None) per invocation, two for an HTTP request. The cycle and the
+runners count into the running invocation's `Tally` (batch records from several threads at once); `TimedStore`
+times every request of the store. No event or result content ever reaches a document or a line: keys are hashed,
+the rest are counts, names of outcomes and of exception types.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+
+import orjson
+
+from .log import LOGGER_NAME
+
+TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
+if TYPE_CHECKING:
+    from typing import Any
+
+logger = logging.getLogger(LOGGER_NAME)
+
+# The counts, in the order documents and lines give them (docs/metrics-and-logs.md says what each counts).
+COUNTS = (
+    "FirstExecutions",
+    "Replays",
+    "LocalCacheReplays",
+    "InProgressConflicts",
+    "Waits",
+    "WaitsReplayed",
+    "WaitsClaimed",
+    "WaitsTimedOut",
+    "PayloadMismatches",
+    "PassThroughs",
+    "Releases",
+    "ReleaseFailures",
+    "CompletionRetries",
+    "CompletionFailures",
+    "ResultsTooLarge",
+    "StoreErrors",
+)
+SOURCES = ("event", "batch", "http")
+DIMENSIONS = ("FunctionName", "Source")
+
+# What an invocation's line says of each outcome; `outcome` picks one from its counts.
+_OUTCOMES = {
+    "first_run": "first run: the handler ran and its result was stored",
+    "released": "first run, released: the handler failed or its answer is not kept, so a retry runs it again",
+    "release_failed": "first run, not released: the handler failed or its answer is not kept, and the release "
+                      "failed; copies are refused as in progress until the claim expires, then one runs it again",
+    "not_completed": "first run, not completed: the handler ran but its result was not stored; copies are "
+                     "refused as in progress until the claim expires, then one runs it again",
+    "replay": "replay of the stored result: the handler did not run",
+    "local_cache_replay": "replay from the local cache: the handler did not run, no request made",
+    "in_progress": "in progress in another invocation: the handler did not run",
+    "mismatch": "payload mismatch: the key was used before with another payload; the handler did not run",
+    "passed_through": "passed through: no key, the handler ran without idempotency",
+    "store_error": "store error: the table could not be used; the handler did not run",
+    "not_claimed": "no claim made: the key was refused, or this environment runs no handler",
+}
+# Batch lines name counts of records by these words.
+_WORDS = {
+    "FirstExecutions": "first run(s)", "Replays": "replay(s)", "LocalCacheReplays": "local-cache replay(s)",
+    "InProgressConflicts": "in progress", "PayloadMismatches": "mismatch(es)", "PassThroughs": "passed through",
+    "Waits": "wait(s)", "Releases": "released", "ReleaseFailures": "release failure(s)",
+    "CompletionRetries": "completion retries",
+    "CompletionFailures": "completion failure(s)", "ResultsTooLarge": "too large", "StoreErrors": "store error(s)",
+    "WaitsReplayed": "wait(s) ended in a replay", "WaitsClaimed": "wait(s) ended in a claim",
+    "WaitsTimedOut": "wait(s) timed out",
+}
+
+
+class Tally:
+    """One invocation's counts; safe to add to from several threads (a batch's claims, completions, releases)."""
+
+    __slots__ = ("_lock", "counts", "key", "kind", "records", "store_requests", "store_s")
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.kind = "event"  # event, batch or http: set by the runner that serves the invocation
+        self.key: str | None = None  # a whole event's or a request's stored key
+        self.records = 0  # a batch's
+        self.store_s = 0.0  # time spent in the store's requests, summed (a batch's concurrent ones too)
+        self.store_requests = 0
+        self._lock = threading.Lock()
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self.counts[name] = self.counts.get(name, 0) + n
+
+    def add_many(self, **counts: int) -> None:
+        with self._lock:
+            for name, n in counts.items():
+                if n:
+                    self.counts[name] = self.counts.get(name, 0) + n
+
+    def stored(self, seconds: float, failed: bool) -> None:
+        with self._lock:
+            self.store_s += seconds
+            self.store_requests += 1
+            if failed:
+                self.counts["StoreErrors"] = self.counts.get("StoreErrors", 0) + 1
+
+
+class TimedStore:
+    """The cycle's store, each request timed into the running invocation's tally and its failures counted."""
+
+    def __init__(self, store: Any, cycle: Any) -> None:
+        self.store = store
+        self._cycle = cycle
+
+    def __getattr__(self, name: str) -> Any:  # anything else (verify, names of attributes) is the store's own
+        return getattr(self.store, name)
+
+    def _timed(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        failed = True
+        try:
+            answer = request(*args, **kwargs)
+            failed = False
+            return answer
+        finally:
+            tally = self._cycle.tally
+            if tally is not None:
+                tally.stored(time.perf_counter() - started, failed)
+
+    def claim(self, *args: Any, **kwargs: Any) -> Any:
+        return self._timed(self.store.claim, *args, **kwargs)
+
+    def complete(self, *args: Any, **kwargs: Any) -> Any:
+        return self._timed(self.store.complete, *args, **kwargs)
+
+    def release(self, *args: Any, **kwargs: Any) -> Any:
+        return self._timed(self.store.release, *args, **kwargs)
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        return self._timed(self.store.get, *args, **kwargs)
+
+
+def outcome(tally: Tally) -> str | None:
+    """The one outcome of a whole event or a request (a key of _OUTCOMES); None for a batch."""
+    if tally.kind == "batch":
+        return None
+    counts = tally.counts
+    if counts.get("PassThroughs"):
+        return "passed_through"
+    if counts.get("PayloadMismatches"):
+        return "mismatch"
+    if counts.get("InProgressConflicts"):
+        return "in_progress"
+    if counts.get("FirstExecutions"):
+        if counts.get("ReleaseFailures"):
+            return "release_failed"
+        if counts.get("Releases"):
+            return "released"
+        return "not_completed" if counts.get("CompletionFailures") else "first_run"
+    if counts.get("Replays"):
+        return "replay"
+    if counts.get("LocalCacheReplays"):
+        return "local_cache_replay"
+    if counts.get("StoreErrors"):
+        return "store_error"
+    return "not_claimed"
+
+
+def filter_level(env: Any) -> str | None:
+    """The level a document must carry to pass Lambda's log-level filter, or None when it needs none. Under
+    AWS_LAMBDA_LOG_FORMAT=JSON, Lambda takes a stdout line without a "level" member as INFO and drops it when the
+    function's application log level (AWS_LAMBDA_LOG_LEVEL) is WARN or above: the metrics would be lost."""
+    if (env.get("AWS_LAMBDA_LOG_FORMAT") or "").upper() != "JSON":
+        return None
+    level = (env.get("AWS_LAMBDA_LOG_LEVEL") or "").upper()
+    return level if level in ("WARN", "ERROR", "FATAL") else None
+
+
+def document(tally: Tally, namespace: str, function_name: str, timestamp_ms: int,
+             request_id: str | None = None, level: str | None = None) -> dict[str, Any]:
+    """The invocation's EMF document: `Invocations` (1), a batch's `Records`, every count that is not zero, and
+    `StoreTime` when the store was asked anything. Zero counts are left out: the document stays small, and a
+    count that never happens never becomes a metric (CloudWatch bills each metric that receives data)."""
+    values: dict[str, int | float] = {"Invocations": 1}
+    if tally.kind == "batch":
+        values["Records"] = tally.records
+    counts = tally.counts
+    for name in COUNTS:
+        if counts.get(name):
+            values[name] = counts[name]
+    definitions = [{"Name": name, "Unit": "Count"} for name in values]
+    if tally.store_requests:
+        values["StoreTime"] = round(tally.store_s * 1000, 3)
+        definitions.append({"Name": "StoreTime", "Unit": "Milliseconds"})
+    doc: dict[str, Any] = {
+        "_aws": {
+            "Timestamp": timestamp_ms,
+            "CloudWatchMetrics": [{
+                "Namespace": namespace,
+                "Dimensions": [list(DIMENSIONS)],
+                "Metrics": definitions,
+            }],
+        },
+        "FunctionName": function_name,
+        "Source": tally.kind,
+        **values,
+    }
+    # Not metrics: searchable members of the log event, to find the invocation and its record.
+    if tally.key is not None:
+        doc["idempotency_key"] = tally.key
+    if request_id:
+        doc["requestId"] = request_id
+    if level is not None:
+        doc["level"] = level  # filter_level's: so Lambda's log-level filter keeps the document
+    return doc
+
+
+def line(tally: Tally, error: BaseException | None = None) -> tuple[str, dict[str, Any]]:
+    """The invocation's INFO line, and its fields for JSON formatters."""
+    store = f"store {tally.store_s * 1000:.1f} ms in {tally.store_requests} request(s)"
+    raised = "" if error is None else f"; raised {type(error).__name__}"
+    counts = {name: tally.counts[name] for name in COUNTS if tally.counts.get(name)}
+    fields: dict[str, Any] = {
+        "idempotency_key": tally.key,
+        "idempotency_source": tally.kind,
+        "idempotency_store_ms": round(tally.store_s * 1000, 3),
+        "idempotency_store_requests": tally.store_requests,
+        "idempotency_counts": counts,
+    }
+    if tally.kind == "batch":
+        fields["idempotency_records"] = tally.records
+        said = ", ".join(f"{n} {_WORDS[name]}" for name, n in counts.items() if name != "StoreErrors") or "no claims"
+        errors = f", {counts['StoreErrors']} store error(s)" if counts.get("StoreErrors") else ""
+        return f"idempotency: batch of {tally.records} record(s): {said}; {store}{errors}{raised}", fields
+    what = outcome(tally)
+    assert what is not None
+    fields["idempotency_outcome"] = what
+    waited = ""
+    if counts.get("Waits"):
+        fields["idempotency_waited"] = True
+        waited = "waited for another invocation, then "
+    subject = f"key {tally.key}" if tally.key is not None else "no key"
+    return f"idempotency: {tally.kind} {subject}: {waited}{_OUTCOMES[what]}; {store}{raised}", fields
+
+
+class Observer:
+    """Counts each invocation of one handler and writes what it did when it ends."""
+
+    def __init__(self, cycle: Any, emf: bool, namespace: str, function_name: str | None = None,
+                 out: Any = None) -> None:
+        self.cycle = cycle
+        cycle.store = TimedStore(cycle.store, cycle)
+        self.emf = emf
+        self.namespace = namespace
+        self.function_name = function_name or os.environ.get("AWS_LAMBDA_FUNCTION_NAME") or "unknown"
+        self.out = out  # where documents go; None: sys.stdout as it is when one is written (the runtime's)
+        self.level = filter_level(os.environ)
+
+    def start(self) -> Tally:
+        tally = Tally()
+        self.cycle.tally = tally
+        return tally
+
+    def finish(self, tally: Tally, context: Any, error: BaseException | None) -> None:
+        """Write the invocation's document and line. Never raises: the invocation's answer (the handler's result,
+        or its exception) is already decided, and nothing written here may replace it."""
+        self.cycle.tally = None
+        if self.emf:
+            try:
+                doc = document(tally, self.namespace, self.function_name, int(time.time() * 1000),
+                               getattr(context, "aws_request_id", None), self.level)
+                out = self.out or sys.stdout
+                out.write(orjson.dumps(doc).decode() + "\n")  # one write: one line, whole
+                out.flush()  # CloudWatch parses what reaches stdout
+            except Exception as failure:
+                _warn("writing the invocation's metrics failed (%s); the invocation is unaffected", failure)
+        if logger.isEnabledFor(logging.INFO):
+            try:
+                message, fields = line(tally, error)
+                logger.info("%s", message, extra=fields)
+            except Exception as failure:
+                _warn("writing the invocation's INFO line failed (%s)", failure)
+
+
+def _warn(message: str, failure: Exception) -> None:
+    # A log handler can fail too (the runtime's writes to a stdout the handler closed, and does not catch it).
+    with contextlib.suppress(Exception):
+        logger.warning(message, type(failure).__name__)
