@@ -55,8 +55,8 @@ _OUTCOMES = {
     "released": "first run, released: the handler failed or its answer is not kept, so a retry runs it again",
     "release_failed": "first run, not released: the handler failed or its answer is not kept, and the release "
                       "failed; copies are refused as in progress until the claim expires, then one runs it again",
-    "not_completed": "first run, not completed: the handler ran but its result was not stored; copies are "
-                     "refused as in progress until the claim expires, then one runs it again",
+    "not_completed": "first run, not completed: the handler ran but its result was not stored; a later copy "
+                     "runs it again (once the claim expires, if it is still there)",
     "replay": "replay of the stored result: the handler did not run",
     "local_cache_replay": "replay from the local cache: the handler did not run, no request made",
     "in_progress": "in progress in another invocation: the handler did not run",
@@ -257,7 +257,9 @@ class Observer:
         self.emf = emf
         self.namespace = namespace
         self.function_name = function_name or os.environ.get("AWS_LAMBDA_FUNCTION_NAME") or "unknown"
-        self.out = out  # where documents go; None: sys.stdout as it is when one is written (the runtime's)
+        # Where documents go: by default stdout as the runtime set it up before importing the handler (awslambdaric
+        # wraps it first), so a handler that swaps sys.stdout for its own file does not take the metrics with it.
+        self.out = out if out is not None else sys.stdout
         self.level = filter_level(os.environ)
 
     def start(self) -> Tally:
@@ -273,7 +275,7 @@ class Observer:
             try:
                 doc = document(tally, self.namespace, self.function_name, int(time.time() * 1000),
                                getattr(context, "aws_request_id", None), self.level)
-                out = self.out or sys.stdout
+                out = self.out
                 out.write(orjson.dumps(doc).decode() + "\n")  # one write: one line, whole
                 out.flush()  # CloudWatch parses what reaches stdout
             except Exception as failure:

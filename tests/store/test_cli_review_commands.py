@@ -5,9 +5,15 @@ prompt, control characters in stored attributes and non-finite results."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import socket
+import subprocess
+import sys
+import threading
 import time
+import uuid
 
 import pytest
 
@@ -16,6 +22,7 @@ from idempotency_layer.cli import records
 from tests.store import test_cli_doctor_function as _function_tests
 from tests.store.test_cli_commands import Denying, claim, cli_env, doctor, item, one_line, run
 from tests.store.test_cli_doctor_function import _zip, client, doctor_env
+from tests.support.events import json_message, sqs_event
 
 deployed = _function_tests.deployed  # the module-scoped fixture: IAM role, layer, queues (its own moto here)
 
@@ -229,3 +236,151 @@ def test_doctor_function_refuses_a_blank_name(env):
         done = run(env, "doctor", "--function", name)
         assert done.returncode == 2
         assert "doctor --function: the function name is empty" in one_line(done)
+
+
+# -- round 2 of the review ----------------------------------------------------------------------------------------
+
+class _Endpoint:
+    """A loopback endpoint that answers each connection with `answer(connection)`, on a thread per connection."""
+
+    def __init__(self, answer) -> None:
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.closed = threading.Event()
+        self.answer = answer
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self.closed.is_set():
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(connection,), daemon=True).start()
+
+    def _one(self, connection: socket.socket) -> None:
+        with connection, contextlib.suppress(OSError):
+            connection.recv(65536)
+            self.answer(connection, self.closed)
+
+    def close(self) -> None:
+        self.closed.set()
+        self.listener.close()
+
+
+def _trickle(connection: socket.socket, closed: threading.Event) -> None:
+    connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n")
+    while not closed.wait(0.5):  # a byte every half second: no single read ever times out
+        connection.sendall(b" ")
+
+
+def _html(connection: socket.socket, closed: threading.Event) -> None:
+    body = b"<html><body>not lambda</body></html>"
+    connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s"
+                       % (len(body), body))
+
+
+def test_doctor_function_on_a_trickling_lambda_endpoint_ends(env, monkeypatch, capsys):
+    from idempotency_layer import cli
+    from idempotency_layer.cli import doctor as _doctor
+
+    monkeypatch.setattr(_doctor, "CALL_SECONDS", 3)  # the bound on a whole call (30 s in use)
+    endpoint = _Endpoint(_trickle)
+    try:
+        for name, value in {**env, "AWS_ENDPOINT_URL_LAMBDA": endpoint.url}.items():
+            monkeypatch.setenv(name, value)
+        started = time.monotonic()
+        code = cli.main(["doctor", "--function", "orders"])
+        took = time.monotonic() - started
+    finally:
+        endpoint.close()
+    out = capsys.readouterr().out
+    assert code == 1 and took < 10, (code, took)
+    assert "FAIL function: could not read function 'orders': TimeoutError" in out, out
+    assert "fix: the Lambda endpoint did not answer; retry doctor" in out
+
+
+def test_doctor_function_on_an_endpoint_that_is_not_lambda(env):
+    endpoint = _Endpoint(_html)
+    try:
+        done = run({**env, "AWS_ENDPOINT_URL_LAMBDA": endpoint.url}, "doctor", "--function", "orders")
+    finally:
+        endpoint.close()
+    assert done.returncode == 1
+    assert done.stdout.splitlines()[:2] == [
+        "FAIL function: GetFunctionConfiguration's answer is not one this doctor can read (not a Lambda answer)",
+        "     fix: check the endpoint (AWS_ENDPOINT_URL_LAMBDA / AWS_ENDPOINT_URL) and the Region: it should be "
+        "Lambda's; the function itself was not checked"], done.stdout
+    assert "PASS" not in done.stdout and done.stderr == ""
+
+
+_DESCRIPTION = {"TableName": "t", "TableStatus": "ACTIVE", "KeySchema": [{"AttributeName": "id", "KeyType": "HASH"}],
+                "AttributeDefinitions": [{"AttributeName": "id", "AttributeType": "S"}]}
+
+
+@pytest.mark.parametrize(("table_fields", "line"), [
+    ({"TableName": 5}, "FAIL table: DescribeTable's answer is not one this doctor can read"),
+    ({"KeySchema": [{"AttributeName": 1, "KeyType": "HASH"}]},
+     "FAIL table: DescribeTable's answer is not one this doctor can read"),
+    ({"TableStatus": "DELETING"}, "FAIL table: t is DELETING: the layer's requests fail"),
+    ({"TableStatus": "INACCESSIBLE_ENCRYPTION_CREDENTIALS"},
+     "FAIL table: t is INACCESSIBLE_ENCRYPTION_CREDENTIALS: the layer's requests fail"),
+    ({"TableStatus": "CREATING"}, "WARN table: t is still being created"),
+])
+def test_doctor_reads_describe_table_strictly(layer_env, table, table_fields, line):
+    proxy = Denying(layer_env.endpoint, "DescribeTable", body=json.dumps({"Table": {**_DESCRIPTION,
+                                                                                   **table_fields}}).encode())
+    try:
+        done = run(cli_env(proxy.endpoint, table), "doctor")
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+    assert line in done.stdout, done.stdout
+    assert done.returncode == (1 if line.startswith("FAIL") else 0) and done.stderr == ""
+    if line.startswith("FAIL"):
+        assert "PASS permission" not in done.stdout  # no probe of a table the layer cannot use
+
+
+def test_doctor_on_a_table_whose_key_is_a_number(layer_env, ddb_client):
+    name = f"numeric-{uuid.uuid4().hex[:8]}"
+    ddb_client.create_table(TableName=name, KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+                            AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "N"}],
+                            BillingMode="PAY_PER_REQUEST")
+    ddb_client.update_time_to_live(TableName=name, TimeToLiveSpecification={"Enabled": True, "AttributeName": "ttl"})
+    try:
+        done = run(cli_env(layer_env.endpoint, name), "doctor")
+    finally:
+        ddb_client.delete_table(TableName=name)
+    assert "FAIL key schema: the table has id (HASH, N); the layer's keys are strings" in done.stdout, done.stdout
+    assert "fix: use a table whose key attributes are strings (AttributeType S): id (HASH, S)" in done.stdout
+    assert "WARN ttl: enabled on 'ttl', not on 'expires_at'" in done.stdout  # checked after a schema FAIL too
+    assert "permission" not in done.stdout and done.returncode == 1
+
+
+def test_a_probe_left_by_a_transient_error_is_not_a_permission_fix(layer_env, table):
+    proxy = Denying(layer_env.endpoint, "DeleteItem", error=(500, "InternalServerError"))
+    try:
+        done = run(cli_env(proxy.endpoint, table), "doctor")
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+    assert "FAIL permission DeleteItem: could not be proven (InternalServerError)" in done.stdout, done.stdout
+    assert "WARN probe record:" in done.stdout and "fix: nothing to do: it expires" in done.stdout
+    assert "dynamodb:DeleteItem" not in done.stdout
+
+
+def test_a_reader_that_goes_away_ends_the_cli_quietly(env, tmp_path):
+    messages = [json_message({"orderId": n}) for n in range(400)]  # more output than a pipe's buffer
+    path = tmp_path / "sqs.json"
+    path.write_text(json.dumps(sqs_event(messages)))
+    reader, writer = os.pipe()
+    os.close(reader)  # the reader has gone before the first write
+    try:
+        done = subprocess.run([sys.executable, "-m", "idempotency_layer", "key", "--event", str(path)], env=env,
+                              stdout=writer, stderr=subprocess.PIPE, text=True, timeout=60, check=False)
+    finally:
+        os.close(writer)
+    assert done.returncode == 141, done.stderr
+    assert done.stderr == ""

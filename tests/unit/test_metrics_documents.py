@@ -373,3 +373,15 @@ def test_finish_never_raises_even_when_logging_does(monkeypatch):
     finally:
         logger.removeHandler(raising)
     assert observer.cycle.tally is None
+
+
+def test_documents_go_to_the_stdout_of_init_not_one_the_handler_swapped_in(monkeypatch):
+    runtime_stdout, handlers_file = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stdout", runtime_stdout)  # as awslambdaric sets it up before the handler's import
+    observer = metrics.Observer(_Cycle(), True, "Ns", "orders")
+    monkeypatch.setattr(sys, "stdout", handlers_file)  # what a handler may do: sys.stdout = open(...)
+    tally = observer.start()
+    tally.add("FirstExecutions")
+    observer.finish(tally, _Context(), None)
+    assert handlers_file.getvalue() == ""
+    assert emf.check(runtime_stdout.getvalue().strip())["FirstExecutions"] == 1

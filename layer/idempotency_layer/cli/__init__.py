@@ -14,6 +14,7 @@ The layer never imports this package, and it never imports the interceptor.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -67,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `... | head`: the reader has gone; stop quietly, as other tools do
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 141  # 128 + SIGPIPE, what a shell reports for a command killed by the signal
     except Exception as error:  # a bug or an answer nothing foresaw: one line, unless asked for the traceback
         if os.environ.get("IDEMPOTENCY_CLI_TRACEBACK") == "1":
             raise

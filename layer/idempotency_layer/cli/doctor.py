@@ -216,15 +216,39 @@ def _client(session: Any, service: str, **options: Any) -> Any:
                                                  retries={"total_max_attempts": 2, "mode": "standard"}), **options)
 
 
+# botocore's read timeout bounds each read, not an answer trickled a byte at a time: each call is bounded whole.
+CALL_SECONDS = 30
+
+
+def _bounded(call: Any) -> Any:
+    from ..dynamodb.deadline import within
+
+    return within(CALL_SECONDS, call, "idempotency-doctor")
+
+
+class NotLambda(Exception):
+    """The Lambda endpoint answered with something that is not a function's configuration."""
+
+
 def _deployed(name: str, region: str | None) -> tuple[dict[str, Any], list[dict[str, Any]], Any]:
     import boto3  # only `doctor --function` needs it
 
     session = boto3.session.Session(region_name=region)
     client = _client(session, "lambda")
-    configuration = client.get_function_configuration(FunctionName=name)
-    mappings: list[dict[str, Any]] = []
-    for page in client.get_paginator("list_event_source_mappings").paginate(FunctionName=name):
-        mappings.extend(page.get("EventSourceMappings", []))
+    configuration = _bounded(lambda: client.get_function_configuration(FunctionName=name))
+    if not (isinstance(configuration, dict) and isinstance(configuration.get("FunctionArn"), str)
+            and isinstance(configuration.get("FunctionName"), str)):
+        raise NotLambda("GetFunctionConfiguration")
+
+    def pages() -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        for page in client.get_paginator("list_event_source_mappings").paginate(FunctionName=name):
+            found.extend(page.get("EventSourceMappings", []))
+        return found
+
+    mappings = _bounded(pages)
+    if not all(isinstance(mapping, dict) for mapping in mappings):
+        raise NotLambda("ListEventSourceMappings")
     return configuration, mappings, session
 
 
@@ -258,9 +282,9 @@ def _queue(session: Any, arn: str) -> tuple[dict[str, str] | None, Check | None]
     parts = arn.split(":")
     try:
         sqs = _client(session, "sqs", region_name=parts[3])
-        url = sqs.get_queue_url(QueueName=parts[5], QueueOwnerAWSAccountId=parts[4])["QueueUrl"]
-        attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["VisibilityTimeout", "RedrivePolicy"]
-                                              ).get("Attributes", {})
+        url = _bounded(lambda: sqs.get_queue_url(QueueName=parts[5], QueueOwnerAWSAccountId=parts[4])["QueueUrl"])
+        attributes = _bounded(lambda: sqs.get_queue_attributes(
+            QueueUrl=url, AttributeNames=["VisibilityTimeout", "RedrivePolicy"]).get("Attributes", {}))
         return {**attributes, "QueueUrl": url}, None
     except Exception as error:
         code, kind = aws_failure(error)
@@ -272,6 +296,12 @@ def _queue(session: Any, arn: str) -> tuple[dict[str, str] | None, Check | None]
                                "the SQS endpoint did not answer; retry doctor")
         return None, Check("queue", FAIL, f"the queue's attributes could not be read ({code})",
                            "run doctor with credentials that may call sqs:GetQueueUrl and sqs:GetQueueAttributes")
+
+
+def _not_lambda(operation: str) -> Check:
+    return Check("function", FAIL, f"{operation}'s answer is not one this doctor can read (not a Lambda answer)",
+                 "check the endpoint (AWS_ENDPOINT_URL_LAMBDA / AWS_ENDPOINT_URL) and the Region: it should be "
+                 "Lambda's; the function itself was not checked")
 
 
 # -- the table and the permissions ----------------------------------------------------------------------------
@@ -307,33 +337,49 @@ def table_checks(config: Any, transport: Any) -> tuple[list[Check], bool]:
     except (KeyError, TypeError):  # a 200 whose body has no Table
         return [_unreadable()], False
     try:
-        checks = [Check("credentials", PASS, f"accepted in {transport.region} at {transport.endpoint}"),
-                  Check("table", PASS, f"{description.get('TableName')} ({description.get('TableStatus')})")]
-        schema = {k["KeyType"]: k["AttributeName"] for k in description.get("KeySchema", [])}
+        name, status = description["TableName"], description["TableStatus"]
+        schema = {k["KeyType"]: k["AttributeName"] for k in description["KeySchema"]}
         types = {d["AttributeName"]: d["AttributeType"] for d in description.get("AttributeDefinitions", [])}
+        if not all(isinstance(text, str) for text in (name, status, *schema, *schema.values(), *types,
+                                                      *types.values())):
+            raise TypeError("a name that is not a string")
     except (KeyError, TypeError, AttributeError, ValueError):
         return [_unreadable()], False
+    checks = [Check("credentials", PASS, f"accepted in {transport.region} at {transport.endpoint}")]
+    if status in ("ACTIVE", "UPDATING"):
+        checks.append(Check("table", PASS, f"{name} ({status})"))
+    elif status == "CREATING":
+        checks.append(Check("table", WARN, f"{name} is still being created", "wait until it is ACTIVE"))
+    else:  # DELETING, ARCHIVING, ARCHIVED, INACCESSIBLE_ENCRYPTION_CREDENTIALS: no request of the layer will work
+        checks.append(Check("table", FAIL, f"{name} is {status}: the layer's requests fail",
+                            "use an ACTIVE table (for INACCESSIBLE_ENCRYPTION_CREDENTIALS, restore the table's KMS "
+                            "key access)"))
     expected = {"HASH": a.key} if a.sort_key is None else {"HASH": a.key, "RANGE": a.sort_key}
     said = ", ".join(f"{name} ({kind}, {types.get(name, '?')})" for kind, name in schema.items())
-    if schema == expected and all(types.get(name) == "S" for name in expected.values()):
-        checks.append(Check("key schema", PASS, said))
-    else:
-        want = f"{a.key} (HASH, S)" + (f", {a.sort_key} (RANGE, S)" if a.sort_key else "")
+    want = f"{a.key} (HASH, S)" + (f", {a.sort_key} (RANGE, S)" if a.sort_key else "")
+    usable = status in ("ACTIVE", "UPDATING", "CREATING")
+    if schema != expected:
         checks.append(Check("key schema", FAIL, f"the table has {said}; the settings expect {want}",
                             "set IDEMPOTENCY_KEY_ATTR / IDEMPOTENCY_SORT_KEY_ATTR to the table's key, or use a "
                             "table with that key"))
-        return checks, False
+        usable = False
+    elif not all(types.get(name) == "S" for name in expected.values()):
+        checks.append(Check("key schema", FAIL, f"the table has {said}; the layer's keys are strings",
+                            f"use a table whose key attributes are strings (AttributeType S): {want}"))
+        usable = False
+    else:
+        checks.append(Check("key schema", PASS, said))
     try:
         ttl = transport.call("DescribeTimeToLive", {"TableName": table}).get("TimeToLiveDescription", {})
         if not isinstance(ttl, dict):
             raise TypeError("TimeToLiveDescription")
     except DynamoDBError as error:
         checks.append(Check("ttl", WARN, f"DescribeTimeToLive failed: {error.code}", "check TTL in the console"))
-        return checks, True
+        return checks, usable
     except (KeyError, TypeError, AttributeError):
         checks.append(Check("ttl", WARN, "DescribeTimeToLive's answer is not one this doctor can read",
                             "check TTL in the console"))
-        return checks, True
+        return checks, usable
     enable = (f"aws dynamodb update-time-to-live --table-name {table} --time-to-live-specification "
               f"Enabled=true,AttributeName={a.expires_at}")
     if ttl.get("TimeToLiveStatus") in ("ENABLED", "ENABLING") and ttl.get("AttributeName") == a.expires_at:
@@ -344,7 +390,7 @@ def table_checks(config: Any, transport: Any) -> tuple[list[Check], bool]:
     else:
         checks.append(Check("ttl", WARN, f"not enabled ({ttl.get('TimeToLiveStatus', 'DISABLED')}): expired "
                             "records stay in the table for ever (the layer still ignores them)", enable))
-    return checks, True
+    return checks, usable
 
 
 def permission_checks(store: Any, prefix: str) -> list[Check]:
@@ -356,6 +402,7 @@ def permission_checks(store: Any, prefix: str) -> list[Check]:
     fix = "grant the function's role dynamodb:{} on table " + repr(store.table)
     checks = []
     claimed = False
+    denied: set[str] = set()
 
     def probe(operation: str, action: Any) -> Any:
         try:
@@ -363,6 +410,7 @@ def permission_checks(store: Any, prefix: str) -> list[Check]:
         except (IdempotencyPersistenceLayerError, DynamoDBError) as error:
             code = _code(error)
             if code in _DENIALS:
+                denied.add(operation)
                 checks.append(Check(f"permission {operation}", FAIL, f"{code} on probe key {key}",
                                     fix.format(operation)))
             else:  # a throttle, a 5xx, a timeout: says nothing about the role
@@ -379,7 +427,8 @@ def permission_checks(store: Any, prefix: str) -> list[Check]:
     released = probe("DeleteItem", lambda: store.release(key, owner))
     if claimed and not released:
         checks.append(Check("probe record", WARN, f"{key} stays until {PROBE_SECONDS} s after the probe (the "
-                            "layer then ignores it; TTL deletes it)", fix.format("DeleteItem")))
+                            "layer then ignores it; TTL deletes it)",
+                            fix.format("DeleteItem") if "DeleteItem" in denied else "nothing to do: it expires"))
     return checks
 
 
@@ -394,6 +443,8 @@ def run(args: Any, env: dict[str, str]) -> list[Check]:
         except ImportError:
             return [Check("function", FAIL, "doctor --function reads the function with boto3, which is not installed",
                           "pip install boto3")]
+        except NotLambda as error:
+            return [_not_lambda(str(error))]
         except Exception as error:  # botocore's ClientError and BotoCoreError (timeouts included)
             code, kind = aws_failure(error)
             fix = {"transient": "the Lambda endpoint did not answer; retry doctor (and check the Region and "
@@ -402,13 +453,19 @@ def run(args: Any, env: dict[str, str]) -> list[Check]:
                 kind, "check the name, the Region, the credentials and lambda:GetFunctionConfiguration, "
                       "lambda:ListEventSourceMappings")
             return [Check("function", FAIL, f"could not read function {args.function!r}: {code}", fix)]
-        checks.append(Check("function", PASS, f"{configuration.get('FunctionArn')}"))
-        checks += function_checks(configuration, args.layer_name)
-        variables = (configuration.get("Environment") or {}).get("Variables") or {}
-        base = {**{k: v for k, v in os.environ.items() if not k.startswith("IDEMPOTENCY_")}, **variables,
-                "AWS_LAMBDA_FUNCTION_NAME": configuration.get("FunctionName", args.function)}
+        try:
+            found = [Check("function", PASS, configuration["FunctionArn"]), *function_checks(configuration,
+                                                                                           args.layer_name)]
+            variables = (configuration.get("Environment") or {}).get("Variables") or {}
+            base = {**{k: v for k, v in os.environ.items() if not k.startswith("IDEMPOTENCY_")}, **variables,
+                    "AWS_LAMBDA_FUNCTION_NAME": configuration["FunctionName"]}
+            timeout = int(configuration.get("Timeout", 3))
+            if not all(isinstance(value, str) for value in variables.values()):
+                raise TypeError("Environment.Variables")
+        except (KeyError, TypeError, AttributeError, ValueError):  # fields of the wrong shape
+            return [_not_lambda("GetFunctionConfiguration")]
+        checks += found
         env = _settings.environment(args, base)
-        timeout = int(configuration.get("Timeout", 3))
     try:
         config = _settings.load(env)
     except IdempotencyConfigurationError as error:
@@ -431,7 +488,11 @@ def run(args: Any, env: dict[str, str]) -> list[Check]:
             queue, unread = None, None
             if mapping_kind(mapping) == "SQS" and session is not None:
                 queue, unread = _queue(session, mapping.get("EventSourceArn", ""))
-            found = mapping_checks(mapping, timeout or 3, queue)
+            try:
+                found = mapping_checks(mapping, timeout or 3, queue)
+            except (KeyError, TypeError, AttributeError, ValueError):
+                checks.append(_not_lambda("ListEventSourceMappings"))
+                continue
             if unread is not None:  # say why the queue could not be read, not the generic line
                 found = [check for check in found if "could not be read" not in check.detail]
                 found.append(unread._replace(name=found[0].name if found else unread.name))
