@@ -103,7 +103,9 @@ class Config(namedtuple("Config", (
     "original_handler",
     "metrics",
     "metrics_namespace",
-), defaults=("off", "Idempotency"))):
+    "function_name",
+    "region",
+), defaults=("off", "Idempotency", None, None))):
     # disabled: bool
     # table: str
     # scope: str  # auto: batches from SQS, Kinesis, DynamoDB Streams per record, other events whole; event; record
@@ -133,6 +135,8 @@ class Config(namedtuple("Config", (
     # original_handler: str
     # metrics: str  # off; emf: one CloudWatch embedded metric format document per invocation on stdout
     # metrics_namespace: str
+    # function_name: str | None  # AWS_LAMBDA_FUNCTION_NAME: a durable execution's envelope must name this function
+    # region: str | None  # AWS_REGION: ... and its Region
     __slots__ = ()
 
 
@@ -350,4 +354,6 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         original_handler=original_handler,
         metrics=_choice(env, "IDEMPOTENCY_METRICS", "off", _METRICS),
         metrics_namespace=_namespace(env),
+        function_name=_text(env, "AWS_LAMBDA_FUNCTION_NAME"),
+        region=_text(env, "AWS_REGION"),
     )

@@ -118,10 +118,28 @@ def build(config: _config.Config, user_handler: Any, *, transport: Any = None, s
     batches: Any = None  # the batch runner, built for the first batch
     requests: Any = None  # the HTTP runner, built for the first HTTP event
 
+    said_durable = False
+
+    def durable(event: Any, context: Any) -> Any:
+        # A durable execution re-invokes its function many times by design (each replay with a new checkpoint
+        # token): claiming those invocations would break it. Passed through, whatever the key settings.
+        nonlocal said_durable
+        if not said_durable:
+            said_durable = True
+            _logger.info("a Lambda durable execution's invocation: passed through untouched (the layer never "
+                         "claims durable executions; see the README's Durable functions)")
+        tally = cycle.tally
+        if tally is not None:
+            tally.kind = "durable"
+            tally.add("PassThroughs")
+        return user_handler(event, context)
+
     def handler(event: Any, context: Any) -> Any:
         nonlocal batches, requests
         try:
             kind, found = route(config, event)  # imports a source's module for the first event of its kind
+            if kind == "durable":
+                return durable(event, context)
             if kind == "http":
                 if requests is None:
                     from .sources import http

@@ -46,7 +46,7 @@ COUNTS = (
     "ResultsTooLarge",
     "StoreErrors",
 )
-SOURCES = ("event", "batch", "http")
+SOURCES = ("event", "batch", "http", "durable")
 DIMENSIONS = ("FunctionName", "Source")
 
 # What an invocation's line says of each outcome; `outcome` picks one from its counts.
@@ -62,6 +62,7 @@ _OUTCOMES = {
     "in_progress": "in progress in another invocation: the handler did not run",
     "mismatch": "payload mismatch: the key was used before with another payload; the handler did not run",
     "passed_through": "passed through: no key, the handler ran without idempotency",
+    "durable": "a durable execution's invocation: passed through, never claimed",
     "store_error": "store error: the table could not be used; the handler did not run",
     "not_claimed": "no claim made: the key was refused, or this environment runs no handler",
 }
@@ -84,7 +85,7 @@ class Tally:
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
-        self.kind = "event"  # event, batch or http: set by the runner that serves the invocation
+        self.kind = "event"  # event, batch, http or durable: set by the runner that serves the invocation
         self.key: str | None = None  # a whole event's or a request's stored key
         self.records = 0  # a batch's
         self.store_s = 0.0  # time spent in the store's requests, summed (a batch's concurrent ones too)
@@ -148,6 +149,8 @@ def outcome(tally: Tally) -> str | None:
     """The one outcome of a whole event or a request (a key of _OUTCOMES); None for a batch."""
     if tally.kind == "batch":
         return None
+    if tally.kind == "durable":
+        return "durable"
     counts = tally.counts
     if counts.get("PassThroughs"):
         return "passed_through"

@@ -65,3 +65,19 @@ def test_result_replays_identically(python_version: str, environments: Environme
         expected = {"none": None, "empty_dict": {}, "empty_list": [], "zero": 0, "empty_str": "", "false": False,
                     "unicode": {"text": "caf\u00e9 \u2603 \U0001f600"}}[kind]
         assert json.loads(second.body) == expected
+
+
+def test_a_durable_executions_invocations_all_run(python_version: str, environments: Environments,
+                                                  shared_table: str, executions: Executions, ddb_client: Any) -> None:
+    # The envelope of a durable execution of this function (idempotency-e2e): every invocation runs, nothing is
+    # stored, whatever the key settings (this environment keys whole events by `marker`).
+    env = environments.shared(python_version, shared_table, {"IDEMPOTENCY_KEY_JMESPATH": "marker"})
+    arn = ("arn:aws:lambda:us-east-1:123456789012:function:idempotency-e2e:$LATEST/durable-execution/"
+           "order-42/4f1c2a9e")
+    event = {"marker": marker(), "action": "random", "DurableExecutionArn": arn,
+             "InitialExecutionState": {"Operations": []}}
+    answers = [env.invoke({**event, "CheckpointToken": token}) for token in ("t-1", "t-2", "t-2")]
+    assert [answer.status for answer in answers] == [200] * 3 and answers[0].error_type is None, answers[0].body
+    assert len({answer.body for answer in answers}) == 3  # each ran: a fresh random id each time
+    assert executions.count(event["marker"]) == 3
+    assert get_record(ddb_client, shared_table, record_id(event["marker"])) is None  # the key it would have had

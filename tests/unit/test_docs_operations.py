@@ -20,7 +20,8 @@ def test_the_readme_lists_every_metric_and_no_other():
     section = _section((ROOT / "README.md").read_text(), "Metrics")
     counts = section[section.index("counts\n"):section.index("A real document")]  # the list after "counts"
     assert set(re.findall(r"`([A-Z][A-Za-z]+)`", counts)) == {*metrics.COUNTS, "Invocations", "Records", "StoreTime"}
-    assert f"`{metrics.DIMENSIONS[0]}` and `{metrics.DIMENSIONS[1]}` (`event`, `batch`, `http`)" in section
+    sources = ", ".join(f"`{source}`" for source in metrics.SOURCES)
+    assert f"`{metrics.DIMENSIONS[0]}` and `{metrics.DIMENSIONS[1]}` ({sources})" in section
 
 
 def test_the_metrics_doc_has_a_row_for_every_metric():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from ..errors import IdempotencyError, IdempotencyKeyError
-from ..keys import KeyDeriver, route
+from ..keys import KeyDeriver, durable_target, route
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -72,6 +72,21 @@ def derive(config: Config, event: Any) -> dict[str, Any]:
         kind, found = route(config, event)
     except IdempotencyKeyError as error:
         return {"source": "none", "entries": [], "error": str(error)}
+    if kind == "durable":
+        return {"source": "durable", "entries": [{"key": None, "reason": (
+            "a Lambda durable execution's invocation: the layer never claims it (a pass-through)")}]}
+    target = durable_target(event)
+    if target is not None and config.function_name is None:
+        # The layer passes such an event through only as that function: without its name, say what it hinges on.
+        facts = _whole_or_other(config, keys, kind, found, event)
+        facts["note"] = (f"the envelope of a durable execution of function {target[0]!r} in {target[1]}: the layer "
+                         "passes it through, unclaimed, when it runs as that function there; pass --function-name "
+                         "(and --region) to know")
+        return facts
+    return _whole_or_other(config, keys, kind, found, event)
+
+
+def _whole_or_other(config: Config, keys: KeyDeriver, kind: str, found: Any, event: Any) -> dict[str, Any]:
     if kind == "http":
         # The form and method only: a path, route or query can carry the very data a key must hide.
         return {"source": "http", "form": found.form, "method": found.method,
@@ -165,6 +180,10 @@ def text(facts: dict[str, Any]) -> list[str]:
         lines.append(f"source: {facts['batch_source']} batch of {len(facts['entries'])} record(s)")
     elif source == "event":
         lines.append("source: whole event")
+    elif source == "durable":
+        lines.append("source: durable execution")
+    if facts.get("note"):
+        lines.append(f"note: {facts['note']}")
     if facts.get("error"):
         lines.append(f"no key: {facts['error']}")
         return lines
