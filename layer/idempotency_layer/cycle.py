@@ -181,15 +181,13 @@ class Cycle:
         """
         results = results or self.results
         deadline = Deadline.after(remaining_ms / 1000)  # the invocation's, for completion and release
-        tally = self.tally
-        if tally is not None:
-            tally.key = key
+        if self.tally is not None:
+            self.tally.key = key
         self.check()
         try:
             cached = self.cached(key, fingerprint)
             if cached is not None:
-                if tally is not None:
-                    tally.add("LocalCacheReplays")
+                self._count("LocalCacheReplays")
                 return Outcome(self._decode(key, cached, results), True)
             try:
                 claimed = self.claim(key, remaining_ms, fingerprint)
@@ -198,17 +196,19 @@ class Cycle:
                     raise
                 claimed = self._wait(key, remaining_ms, fingerprint)
         except (IdempotencyAlreadyInProgressError, IdempotencyPayloadMismatchError) as error:
-            if tally is not None:
-                in_progress = isinstance(error, IdempotencyAlreadyInProgressError)
-                tally.add("InProgressConflicts" if in_progress else "PayloadMismatches")
+            in_progress = isinstance(error, IdempotencyAlreadyInProgressError)
+            self._count("InProgressConflicts" if in_progress else "PayloadMismatches")
             raise
         if isinstance(claimed, Record):
-            if tally is not None:
-                tally.add("Replays")
+            self._count("Replays")
             return self._replay(claimed, results)
-        if tally is not None:
-            tally.add("FirstExecutions")
+        self._count("FirstExecutions")
         return Outcome(self._invoke(key, claimed, invoke, fingerprint, results, keep, deadline), False)
+
+    def _count(self, name: str) -> None:
+        """One more of `name` in the running invocation's counts, when it is counted."""
+        if self.tally is not None:
+            self.tally.add(name)
 
     # -- the steps, for callers that run many keys around one handler call (batch records) ----------------
 
@@ -292,8 +292,7 @@ class Cycle:
                     return self._completion_failed(key, error, attempt)
                 logger.warning("completing key %r failed (attempt %d), retrying in %.2f s: %s", key, attempt, pause,
                                error, extra=fields(key))
-                if self.tally is not None:
-                    self.tally.add("CompletionRetries")
+                self._count("CompletionRetries")
                 self.sleep(pause)
                 delay = min(delay * 2, LAST_COMPLETE_RETRY_S)
                 attempt += 1
@@ -306,22 +305,19 @@ class Cycle:
                 except BaseException:
                     logger.error("completing key %r without its result failed too; it stays claimed until its "
                                  "deadline", key, extra=fields(key))
-                    if self.tally is not None:
-                        self.tally.add("CompletionFailures")
+                    self._count("CompletionFailures")
                 return
         if not completed:
             logger.error("claim on key %r expired and was taken over before completion; returning our result", key,
                          extra=fields(key))
-            if self.tally is not None:
-                self.tally.add("CompletionFailures")
+            self._count("CompletionFailures")
         elif self.cache is not None:
             self.cache.put(key, expires_at, result, fingerprint)
 
     def _completion_failed(self, key: str, error: IdempotencyPersistenceLayerError, attempts: int) -> None:
         logger.error("completing key %r failed after %d attempt(s); returning the result anyway: %s", key, attempts,
                      error, extra=fields(key))
-        if self.tally is not None:
-            self.tally.add("CompletionFailures")
+        self._count("CompletionFailures")
         if error.permanent:
             self.refusal = (
                 f"this execution environment runs no more handlers: completing key {key!r} failed for a reason "
@@ -347,8 +343,7 @@ class Cycle:
             released = "ReleaseFailures"
             logger.error("releasing key %r failed; it stays claimed until its deadline", key, exc_info=True,
                          extra=fields(key, "release_failed"))
-        if self.tally is not None:
-            self.tally.add(released)
+        self._count(released)
 
     # -- internals ----------------------------------------------------------------------------------------
 
@@ -402,9 +397,7 @@ class Cycle:
         """Wait for the live claim on `key` to end: the completed record to replay, or our own claim once it was
         released or expired. Raises the in-progress error when the wait or the invocation runs out first."""
         started = time.monotonic()
-        tally = self.tally
-        if tally is not None:
-            tally.add("Waits")
+        self._count("Waits")
         # The wait ends when it is spent or WAIT_MARGIN_MS before the invocation's deadline, whichever is first;
         # every poll carries that point as its deadline, and none starts that it seems it could not finish by
         # then (judged by how long the last one took), so a slow table answers in-progress, not a timeout.
@@ -414,7 +407,7 @@ class Cycle:
         while True:
             left = wait_end.left() - poll_s
             if left <= 0:
-                raise self._still_running(key, started, tally)
+                raise self._still_running(key, started)
             self.sleep(min(delay * (0.5 + random.random() / 2), left))  # the last poll ends as the wait ends
             delay = min(delay * 2, LAST_POLL_S)
             polled = time.monotonic()
@@ -422,15 +415,14 @@ class Cycle:
                 record = self.store.get(key, wait_end)  # a consistent read
             except IdempotencyPersistenceLayerError:
                 if wait_end.passed():  # cut by the wait's end: the claim was live when last seen
-                    raise self._still_running(key, started, tally) from None
+                    raise self._still_running(key, started) from None
                 raise
             poll_s = time.monotonic() - polled
             now = self.clock()
             if record is not None and not record.is_expired(now):
                 _check_fingerprint(key, record.fingerprint, fingerprint)
                 if record.status == COMPLETED:
-                    if tally is not None:
-                        tally.add("WaitsReplayed")
+                    self._count("WaitsReplayed")
                     return record
                 if not record.is_claim_expired(now):
                     continue
@@ -440,14 +432,11 @@ class Cycle:
                 claimed = self.claim(key, left_ms, fingerprint)
             except IdempotencyAlreadyInProgressError:
                 continue  # another copy claimed it first: wait for that one
-            if tally is not None:
-                tally.add("WaitsReplayed" if isinstance(claimed, Record) else "WaitsClaimed")
+            self._count("WaitsReplayed" if isinstance(claimed, Record) else "WaitsClaimed")
             return claimed
 
-    @staticmethod
-    def _still_running(key: str, started: float, tally: Any = None) -> IdempotencyAlreadyInProgressError:
-        if tally is not None:
-            tally.add("WaitsTimedOut")
+    def _still_running(self, key: str, started: float) -> IdempotencyAlreadyInProgressError:
+        self._count("WaitsTimedOut")
         return IdempotencyAlreadyInProgressError(
             f"another invocation is still running key {key!r} after waiting {time.monotonic() - started:.1f} s "
             "for it (IDEMPOTENCY_WAIT_SECONDS)"
@@ -486,7 +475,6 @@ class Cycle:
         if result.format == codec.TOO_LARGE:
             logger.warning("result of key %r is too large to store; replays will raise", key,
                            extra=fields(key, "first_run"))
-            if self.tally is not None:
-                self.tally.add("ResultsTooLarge")
+            self._count("ResultsTooLarge")
         self.complete(key, owner, result, fingerprint, deadline)
         return delivered
