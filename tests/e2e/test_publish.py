@@ -231,8 +231,9 @@ class _Denied(BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def denying_endpoint() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Denied)
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """`handler` served on a free loopback port, for the block; its endpoint URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -241,6 +242,10 @@ def denying_endpoint() -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+def denying_endpoint() -> contextlib.AbstractContextManager[str]:
+    return serving(_Denied)
 
 
 def test_access_denied_is_one_line(dist: Path) -> None:
@@ -284,15 +289,8 @@ def gate(upstream: str, denied: Callable[[str, str], bool]) -> Iterator[str]:
             self.end_headers()
             self.wfile.write(data)
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Gate)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with serving(Gate) as endpoint:
+        yield endpoint
 
 
 def test_a_failure_part_way_records_what_was_published(moto: SQSServer, dist: Path) -> None:

@@ -298,6 +298,10 @@ class Denying(ThreadingHTTPServer):
         self.endpoint = f"http://127.0.0.1:{self.server_address[1]}"
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
+    def __exit__(self, *exc: object) -> None:  # `with Denying(...) as proxy:` stops it, then closes its socket
+        self.shutdown()
+        super().__exit__(*exc)
+
 
 class _Forward(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -337,13 +341,9 @@ class _Forward(BaseHTTPRequestHandler):
 
 @pytest.mark.parametrize("operation", ["PutItem", "UpdateItem", "GetItem", "DeleteItem"])
 def test_doctor_fails_on_a_role_without_one_permission(layer_env, table, ddb_client, operation):
-    proxy = Denying(layer_env.endpoint, operation)
-    try:
+    with Denying(layer_env.endpoint, operation) as proxy:
         env = cli_env(proxy.endpoint, table)
         status, checks, text = doctor(env)
-    finally:
-        proxy.shutdown()
-        proxy.server_close()
     assert status == 1
     assert operation in proxy.seen
     for other in ("PutItem", "UpdateItem", "GetItem", "DeleteItem"):
@@ -361,12 +361,8 @@ def test_doctor_fails_on_a_role_without_one_permission(layer_env, table, ddb_cli
 
 
 def test_access_denied_on_show_is_one_line(layer_env, table):
-    proxy = Denying(layer_env.endpoint, "GetItem")
-    try:
+    with Denying(layer_env.endpoint, "GetItem") as proxy:
         done = run(cli_env(proxy.endpoint, table), "show", "orders#x")
-    finally:
-        proxy.shutdown()
-        proxy.server_close()
     assert done.returncode == 1
     assert "AccessDeniedException" in one_line(done)
 

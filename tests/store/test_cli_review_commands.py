@@ -19,6 +19,7 @@ import pytest
 
 from idempotency_layer import codec
 from idempotency_layer.cli import records
+from tests.store import test_cli_commands as _commands
 from tests.store import test_cli_doctor_function as _function_tests
 from tests.store.test_cli_commands import Denying, claim, cli_env, doctor, item, one_line, run
 from tests.store.test_cli_doctor_function import _zip, client, doctor_env
@@ -27,19 +28,8 @@ from tests.support.events import json_message, sqs_event
 deployed = _function_tests.deployed  # the module-scoped fixture: IAM role, layer, queues (its own moto here)
 
 
-@pytest.fixture
-def env(layer_env, table):
-    return cli_env(layer_env.endpoint, table)
-
-
-@pytest.fixture
-def store(layer_env, table):
-    from idempotency_layer.config import Attributes
-    from idempotency_layer.store import DynamoDBStore
-    from tests.conftest import build_transport
-
-    return DynamoDBStore(build_transport("lean", connect_timeout=2, read_timeout=5, max_attempts=2), table,
-                         Attributes())
+env = _commands.env  # the fixtures: the CLI's environment on DynamoDB Local, and the layer's store there
+store = _commands.store
 
 
 # -- 1. the wrapper where a container image puts it ---------------------------------------------------------
@@ -138,12 +128,8 @@ def test_doctor_function_checks_runtime_architecture_and_next_wrapper(moto, depl
 
 @pytest.mark.parametrize("error", [(400, "ProvisionedThroughputExceededException"), (500, "InternalServerError")])
 def test_a_transient_error_in_the_probe_is_not_a_permission_fix(layer_env, table, error):
-    proxy = Denying(layer_env.endpoint, "PutItem", error=error)
-    try:
+    with Denying(layer_env.endpoint, "PutItem", error=error) as proxy:
         done = run(cli_env(proxy.endpoint, table), "doctor")
-    finally:
-        proxy.shutdown()
-        proxy.server_close()
     assert done.returncode == 1
     assert f"FAIL permission PutItem: could not be proven ({error[1]}) on probe key orders#doctor-probe-" \
            in done.stdout, done.stdout
@@ -155,12 +141,8 @@ def test_a_transient_error_in_the_probe_is_not_a_permission_fix(layer_env, table
 
 @pytest.mark.parametrize("body", [b'{"Table":{"KeySchema":"nope"}}', b'{"Item":"nope"}', b'{"Table":null}'])
 def test_doctor_on_a_malformed_describe_table(layer_env, table, body):
-    proxy = Denying(layer_env.endpoint, "DescribeTable", body=body)
-    try:
+    with Denying(layer_env.endpoint, "DescribeTable", body=body) as proxy:
         done = run(cli_env(proxy.endpoint, table), "doctor")
-    finally:
-        proxy.shutdown()
-        proxy.server_close()
     assert done.returncode == 1
     assert "FAIL table: DescribeTable's answer is not one this doctor can read" in done.stdout, done.stdout
     assert done.stderr == ""
@@ -330,13 +312,9 @@ _DESCRIPTION = {"TableName": "t", "TableStatus": "ACTIVE", "KeySchema": [{"Attri
     ({"TableStatus": "CREATING"}, "WARN table: t is still being created"),
 ])
 def test_doctor_reads_describe_table_strictly(layer_env, table, table_fields, line):
-    proxy = Denying(layer_env.endpoint, "DescribeTable", body=json.dumps({"Table": {**_DESCRIPTION,
-                                                                                   **table_fields}}).encode())
-    try:
+    body = json.dumps({"Table": {**_DESCRIPTION, **table_fields}}).encode()
+    with Denying(layer_env.endpoint, "DescribeTable", body=body) as proxy:
         done = run(cli_env(proxy.endpoint, table), "doctor")
-    finally:
-        proxy.shutdown()
-        proxy.server_close()
     assert line in done.stdout, done.stdout
     assert done.returncode == (1 if line.startswith("FAIL") else 0) and done.stderr == ""
     if line.startswith("FAIL"):
@@ -360,12 +338,8 @@ def test_doctor_on_a_table_whose_key_is_a_number(layer_env, ddb_client):
 
 
 def test_a_probe_left_by_a_transient_error_is_not_a_permission_fix(layer_env, table):
-    proxy = Denying(layer_env.endpoint, "DeleteItem", error=(500, "InternalServerError"))
-    try:
+    with Denying(layer_env.endpoint, "DeleteItem", error=(500, "InternalServerError")) as proxy:
         done = run(cli_env(proxy.endpoint, table), "doctor")
-    finally:
-        proxy.shutdown()
-        proxy.server_close()
     assert "FAIL permission DeleteItem: could not be proven (InternalServerError)" in done.stdout, done.stdout
     assert "WARN probe record:" in done.stdout and "fix: nothing to do: it expires" in done.stdout
     assert "dynamodb:DeleteItem" not in done.stdout

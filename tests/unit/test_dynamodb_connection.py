@@ -122,18 +122,22 @@ class Server:
                     client.shutdown(socket.SHUT_RDWR)
 
 
-@pytest.fixture
-def serve():
-    servers = []
+def _started(make):
+    """A fixture's factory: `make(...)` started as the test asks, each closed when the test ends."""
+    started = []
 
-    def start(*answers, **kwargs):
-        server = Server(*answers, **kwargs)
-        servers.append(server)
-        return server
+    def start(*args, **kwargs):
+        started.append(make(*args, **kwargs))
+        return started[-1]
 
     yield start
-    for server in servers:
-        server.close()
+    for each in started:
+        each.close()
+
+
+@pytest.fixture
+def serve():
+    yield from _started(Server)
 
 
 def pool_for(server, **kwargs) -> Pool:
@@ -545,15 +549,7 @@ class DroppingServer:
 
 @pytest.fixture
 def dropping():
-    servers = []
-
-    def start(**kwargs):
-        servers.append(DroppingServer(**kwargs))
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.close()
+    yield from _started(DroppingServer)
 
 
 def test_a_dead_kept_alive_connection_is_sent_once_more_on_a_new_one(dropping):
@@ -999,15 +995,7 @@ class Proxy:
 
 @pytest.fixture
 def proxy():
-    proxies = []
-
-    def start(**kwargs):
-        proxies.append(Proxy(**kwargs))
-        return proxies[-1]
-
-    yield start
-    for each in proxies:
-        each.close()
+    yield from _started(Proxy)
 
 
 def header(head: bytes, name: bytes) -> list[bytes]:
