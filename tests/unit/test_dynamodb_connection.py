@@ -599,7 +599,7 @@ def test_the_re_send_ends_within_the_attempts_time(dropping):
     elapsed = time.monotonic() - started
     assert (caught.value.code, caught.value.sent) == ("ReadTimeoutError", True)
     assert pool.resent == 1 and server.requests == 3
-    assert elapsed < 1.5, elapsed  # the attempt's 0.4 s, not the 3 s delay nor the 5 s read timeout
+    assert elapsed < 2.0, elapsed  # the attempt's 0.4 s, not the 3 s delay nor the 5 s read timeout
 
 
 def test_a_fresh_connection_that_fails_is_never_sent_again_for_free(serve):
