@@ -5,7 +5,7 @@
 #   ./build.sh publish --regions R1,R2 [--public | --principal ACCOUNT] [--layer-name NAME] [--with-boto3]
 #                                       the verified zips as layer versions; ARNs in dist/published.json
 #   ./build.sh test [PYTEST_ARGS...]    fresh-machine setup, ruff, build, downloads, pytest
-#   ./build.sh demo                     the unmodified examples/orders handler under the layer, locally
+#   ./build.sh demo                     the unmodified examples/ handlers (orders, orders_api, shipments, kafka_orders) under the layer, locally
 #   ./build.sh bench [ARGS...]          bench/run.py
 #   ./build.sh chaos [ARGS...]          the fault-injection soak (tools/chaos.py; --help for its flags)
 #   ./build.sh sam-local                the README's SAM commands, run and checked (scripts/sam-local.sh)

@@ -3,20 +3,22 @@
 Its result is deterministic (so replays can be checked against it) and sized by the event's `size`: a small
 order confirmation, or one with order lines adding up to about 1 KB or 100 KB of JSON.
 
-`consumer` is the SQS batch rows' function: a plain consumer that processes every record of
-`event["Records"]` (`process`, one message's work, which Powertools' record handler calls too) and reports
-no failures. `EXECUTIONS` counts each order's work: the side effect the bench checks happened once.
+`consumer` is the batch rows' function: a plain consumer that processes every record of an SQS batch
+(`event["Records"]`) or a Kafka batch (`event["records"]`, lists per partition, base64 values) with
+`process`, one record's work, which Powertools' record handler calls too, and reports no failures.
+`EXECUTIONS` counts each order's work: the side effect the bench checks happened once.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from collections import Counter
 from typing import Any
 
 RUNS = 0  # how often the body ran: a replay must not move it
-EXECUTIONS: Counter[str] = Counter()  # order id -> how often its message's work ran (SQS batch rows)
+EXECUTIONS: Counter[str] = Counter()  # order id -> how often its record's work ran (batch rows)
 TARGET_BYTES = {"small": 0, "1k": 1_000, "100k": 100_000}
 _LINES: dict[str, list[dict[str, Any]]] = {}
 _WORDS = ("mug", "book", "lamp", "chair", "desk", "pen", "bag", "cable", "plant", "clock", "shirt", "kettle")
@@ -50,7 +52,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
 
 
 def process(body: str) -> None:
-    """One SQS message's work: the order in its body is placed (counted once per run)."""
+    """One record's work: the order in its body (an SQS body, a Kafka value) is placed (counted once per run)."""
     global RUNS
     order = json.loads(body)
     EXECUTIONS[order["orderId"]] += 1
@@ -58,7 +60,12 @@ def process(body: str) -> None:
 
 
 def consumer(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    """An SQS consumer with ReportBatchItemFailures and no idempotency code: every record, none failed."""
-    for record in event["Records"]:
-        process(record["body"])
+    """A batch consumer with ReportBatchItemFailures and no idempotency code: every record, none failed."""
+    if "records" in event:  # Kafka: "<topic>-<partition>" -> that partition's records
+        for records in event["records"].values():
+            for record in records:
+                process(base64.b64decode(record["value"]).decode())
+    else:
+        for record in event["Records"]:
+            process(record["body"])
     return {"batchItemFailures": []}

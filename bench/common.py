@@ -22,7 +22,8 @@ CREDENTIALS = {
     "AWS_DEFAULT_REGION": "us-east-1",
 }
 _ITEMS = [{"sku": "BOOK-42", "quantity": 1}, {"sku": "MUG-7", "quantity": 2}]
-SQS_BATCH = 10  # messages per SQS batch on the batch rows (Lambda's default batch size for SQS)
+SQS_BATCH = 10  # records per batch on the batch rows, SQS and Kafka (Lambda's default batch size for SQS)
+KAFKA_PARTITIONS = 2  # a Kafka row's batch holds SQS_BATCH records spread over this many partitions
 E2E_POWERTOOLS_TABLE = "bench-e2e-powertools"  # the end-to-end Powertools function's table (bench/rie_bench.py)
 
 
@@ -57,20 +58,28 @@ SYSTEMS: dict[str, tuple[str, dict[str, Any]]] = {
     "powertools+cache": ("powertools", {"cache": True}),
     # The SQS batch rows: an unmodified consumer under the layer's default (record) scope, and Powertools'
     # BatchProcessor with idempotent_function per record; both keyed by each message's messageId.
-    "layer-sqs": ("layer", {"transport": "lean", "cache": 0, "batch": True}),
-    "powertools-sqs": ("powertools", {"cache": False, "batch": True}),
+    "layer-sqs": ("layer", {"transport": "lean", "cache": 0, "batch": "sqs"}),
+    "powertools-sqs": ("powertools", {"cache": False, "batch": "sqs"}),
+    # The Kafka batch rows: the same consumer on MSK batches, under IDEMPOTENCY_BATCH_PRECHECK's default (auto:
+    # Kafka shows no redelivery, so no pre-check) and under `always`; Powertools' BatchProcessor(EventType.Kafka)
+    # with idempotent_function per record, keyed by topic, partition and offset.
+    "layer-kafka": ("layer", {"transport": "lean", "cache": 0, "batch": "kafka"}),
+    "layer-kafka-always": ("layer", {"transport": "lean", "cache": 0, "batch": "kafka", "precheck": "always"}),
+    "powertools-kafka": ("powertools", {"cache": False, "batch": "kafka"}),
     # The layer with IDEMPOTENCY_METRICS=emf (an EMF document per invocation), for the cost of metrics (run.py).
     "layer+emf": ("layer", {"transport": "lean", "cache": 0, "metrics": "emf"}),
 }
 
 
 def layer_env(
-    table: str, endpoint: str, transport: str = "lean", cache: int = 0, batch: bool = False, metrics: str = "off"
+    table: str, endpoint: str, transport: str = "lean", cache: int = 0, batch: str | None = None,
+    metrics: str = "off", precheck: str | None = None,
 ) -> dict[str, str]:
     """The layer's settings, as a function would have them (the wrapper sets IDEMPOTENCY_ORIGINAL_HANDLER).
 
-    `batch`: the SQS consumer, with no key expression and no IDEMPOTENCY_SCOPE, so the layer's defaults apply:
-    an SQS batch runs per record, each keyed by its messageId.
+    `batch` ("sqs" or "kafka"): the batch consumer, with no key expression and no IDEMPOTENCY_SCOPE, so the
+    layer's defaults apply: a batch runs per record, an SQS message keyed by its messageId, a Kafka record by its
+    cluster, topic, partition and offset. `precheck`: IDEMPOTENCY_BATCH_PRECHECK (unset: the default, auto).
     """
     env = {
         "IDEMPOTENCY_ORIGINAL_HANDLER": "bench_handler.consumer" if batch else "bench_handler.handler",
@@ -85,6 +94,8 @@ def layer_env(
     }
     if batch:
         del env["IDEMPOTENCY_KEY_JMESPATH"]
+    if precheck:
+        env["IDEMPOTENCY_BATCH_PRECHECK"] = precheck
     return env
 
 
@@ -118,10 +129,12 @@ def make_powertools(table: str, cache: bool, handler: Any) -> Any:
     return idempotent(persistence_store=persistence, config=config, key_prefix=KEY_PREFIX)(handler)
 
 
-def make_powertools_batch(table: str, cache: bool, work: Any) -> Any:
-    """Powertools' documented SQS batch + idempotency: BatchProcessor, process_partial_response, and
-    idempotent_function on the record handler, keyed by messageId; TTL, prefix and cache as make_powertools.
-    `work(body)` is one message's work, the same function the layer's consumer calls per record."""
+def make_powertools_batch(table: str, cache: bool, work: Any, kind: str = "sqs") -> Any:
+    """Powertools' documented batch + idempotency: BatchProcessor, process_partial_response, and
+    idempotent_function on the record handler; TTL, prefix and cache as make_powertools. An SQS message is keyed
+    by its messageId; a Kafka record (EventType.Kafka, which Powertools 3.37.0's BatchProcessor processes) by its
+    topic, partition and offset. `work(body)` is one record's work, the same function the layer's consumer calls
+    per record."""
     from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
     from aws_lambda_powertools.utilities.idempotency import (
         DynamoDBPersistenceLayer,
@@ -129,10 +142,11 @@ def make_powertools_batch(table: str, cache: bool, work: Any) -> Any:
         idempotent_function,
     )
 
-    processor = BatchProcessor(event_type=EventType.SQS)
+    kafka = kind == "kafka"
+    processor = BatchProcessor(event_type=EventType.Kafka if kafka else EventType.SQS)
     persistence = DynamoDBPersistenceLayer(table_name=table)
     config = IdempotencyConfig(
-        event_key_jmespath="messageId",
+        event_key_jmespath="[topic, partition, offset]" if kafka else "messageId",
         expires_after_seconds=TTL_SECONDS,
         use_local_cache=cache,
         local_cache_max_items=CACHE_ITEMS,
@@ -141,7 +155,7 @@ def make_powertools_batch(table: str, cache: bool, work: Any) -> Any:
     @idempotent_function(data_keyword_argument="record", config=config, persistence_store=persistence,
                          key_prefix=KEY_PREFIX)
     def record_handler(record: Any) -> None:
-        work(record.body)
+        work(record.decoded_value.decode() if kafka else record.body)
 
     def lambda_handler(event: dict[str, Any], context: Any) -> Any:
         config.register_lambda_context(context)

@@ -7,7 +7,9 @@ counts belong to that batch's system alone.
 
 The SQS rows invoke SQS batches (each invocation one batch of SQS_BATCH messages) on their own two workers:
 an unmodified consumer under the layer, and Powertools' batch processor with idempotent_function per record.
-A worker that finds a message's work ran other than once stops the bench (RuntimeError).
+The Kafka rows do the same with MSK batches of SQS_BATCH records over KAFKA_PARTITIONS partitions, on three
+workers: the layer with IDEMPOTENCY_BATCH_PRECHECK's default (auto) and with `always`, and Powertools.
+A worker that finds a record's work ran other than once stops the bench (RuntimeError).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from tests.support.counting_proxy import CountingProxy
 MAIN = ("bare", "layer", "layer-boto3", "powertools")
 CACHED = ("bare", "layer+cache", "powertools+cache")
 SQS = ("layer-sqs", "powertools-sqs")
+KAFKA = ("layer-kafka", "layer-kafka-always", "powertools-kafka")
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,8 @@ class Path_:
     keyed: bool = True
     systems: tuple[str, ...] = MAIN
     prime: bool = False  # run each event once, unmeasured, just before measuring it (cache hits)
-    sqs: str | None = None  # "new" or "redelivery": each invocation is an SQS batch (see worker.run_sqs)
+    batch: str | None = None  # "sqs" or "kafka": each invocation is one such batch (see worker.run_batch)
+    delivery: str | None = None  # a batch row's "new" or "redelivery"
 
 
 PATHS = (
@@ -47,8 +51,10 @@ PATHS = (
     Path_("replay_1k", "1k", "1k"),
     Path_("first_100k", "100k", "100k"),
     Path_("replay_100k", "100k", "100k"),
-    Path_("sqs_new", "sqs", systems=SQS, sqs="new"),
-    Path_("sqs_dup", "sqs", systems=SQS, sqs="redelivery"),
+    Path_("sqs_new", "sqs", systems=SQS, batch="sqs", delivery="new"),
+    Path_("sqs_dup", "sqs", systems=SQS, batch="sqs", delivery="redelivery"),
+    Path_("kafka_new", "kafka", systems=KAFKA, batch="kafka", delivery="new"),
+    Path_("kafka_dup", "kafka", systems=KAFKA, batch="kafka", delivery="redelivery"),
 )
 
 
@@ -87,7 +93,7 @@ class Worker:
     def run(self, path: Path_, start: int, n: int) -> dict[str, Any]:
         assert self.process.stdin is not None
         command = {"op": "run", "ns": path.namespace, "size": path.size, "keyed": path.keyed, "start": start, "n": n,
-                   "sqs": path.sqs}
+                   "batch": path.batch, "delivery": path.delivery}
         self.process.stdin.write(json.dumps(command) + "\n")
         self.process.stdin.flush()
         answer = self._read()

@@ -18,7 +18,12 @@ PACKAGES = ("boto3", "botocore", "orjson", "aws-lambda-powertools", "urllib3", "
             "matplotlib")
 # Which system is "this layer" and which is Powertools, per path (cache hits need the cache-on workers).
 PAIRS = {"cache_hit": ("layer+cache", "powertools+cache"), "sqs_new": ("layer-sqs", "powertools-sqs"),
-         "sqs_dup": ("layer-sqs", "powertools-sqs")}
+         "sqs_dup": ("layer-sqs", "powertools-sqs"), "kafka_new": ("layer-kafka", "powertools-kafka"),
+         "kafka_dup": ("layer-kafka", "powertools-kafka")}
+# Rows that show another layer system of a measured path against the same Powertools figures: row -> (measured
+# path, layer system). The measured path's own row leaves that system out, so no system is shown twice.
+VIEWS = {"kafka_new_always": ("kafka_new", "layer-kafka-always"),
+         "kafka_dup_always": ("kafka_dup", "layer-kafka-always")}
 PATH_LABELS = {
     "first": "first execution",
     "replay": "replay",
@@ -30,8 +35,17 @@ PATH_LABELS = {
     "replay_100k": "replay, 100 KB result",
     "sqs_new": "SQS batch of 10, new",
     "sqs_dup": "SQS batch of 10, redelivered",
+    "kafka_new": "Kafka batch of 10, new",
+    "kafka_new_always": "Kafka batch of 10, new, PRECHECK=always",
+    "kafka_dup": "Kafka batch of 10, redelivered",
+    "kafka_dup_always": "Kafka batch of 10, redelivered, PRECHECK=always",
 }
-EXPECTED_REQUESTS = {"first": 2, "replay": 1, "cache_hit": 0, "no_key": 0}
+# A batch of 10, new: 2 requests a record. An SQS batch redelivered: one BatchGetItem answers all 10 (the
+# pre-check, auto, sees ApproximateReceiveCount > 1). Kafka shows no redelivery, so under auto a redelivered batch
+# costs a claim a record (each answering "done"); under IDEMPOTENCY_BATCH_PRECHECK=always every batch is read
+# first: one BatchGetItem more on a new batch, the only request on a redelivered one.
+EXPECTED_REQUESTS = {"first": 2, "replay": 1, "cache_hit": 0, "no_key": 0, "sqs_new": 20, "sqs_dup": 1,
+                     "kafka_new": 20, "kafka_dup": 10, "kafka_new_always": 21, "kafka_dup_always": 1}
 MB = 1024 * 1024
 
 
@@ -94,17 +108,23 @@ def _figures(samples: Any) -> dict[str, Any]:
 
 def summarise(results: dict[str, Any]) -> dict[str, Any]:
     summary: dict[str, Any] = {"meta": results["meta"], "paths": {}, "targets": []}
-    for path, systems in results["inprocess"].items():
-        figures = {system: _figures(samples) for system, samples in systems.items()}
-        layer, powertools = PAIRS.get(path, ("layer", "powertools"))
-        ratios: dict[str, dict[str, float]] = {}
-        for mine in (layer, "layer-boto3"):
-            if mine in figures and powertools in figures:
-                a, b = figures[mine], figures[powertools]
-                ratios[mine] = {k: ratio(a[k], b[k]) for k in ("wall_p50_ms", "wall_p95_ms", "cpu_p50_ms",
-                                                               "requests", "bytes_sent")}
-        summary["paths"][path] = {"label": PATH_LABELS[path], "systems": figures, "ratios": ratios,
-                                  "layer": layer, "powertools": powertools}
+    for measured, systems in results["inprocess"].items():
+        every = {system: _figures(samples) for system, samples in systems.items()}
+        _, powertools = PAIRS.get(measured, ("layer", "powertools"))
+        views = {row: mine for row, (source, mine) in VIEWS.items() if source == measured and mine in every}
+        rows = {measured: PAIRS.get(measured, ("layer", "powertools"))[0], **views}
+        for path, layer in rows.items():
+            shown = layer if path in views else None
+            figures = {s: f for s, f in every.items() if s in (shown, powertools) or (
+                shown is None and s not in views.values())}
+            ratios: dict[str, dict[str, float]] = {}
+            for mine in (layer, "layer-boto3"):
+                if mine in figures and powertools in figures:
+                    a, b = figures[mine], figures[powertools]
+                    ratios[mine] = {k: ratio(a[k], b[k]) for k in ("wall_p50_ms", "wall_p95_ms", "cpu_p50_ms",
+                                                                   "requests", "bytes_sent")}
+            summary["paths"][path] = {"label": PATH_LABELS[path], "systems": figures, "ratios": ratios,
+                                      "layer": layer, "powertools": powertools, "measured": measured}
     for name in ("init", "e2e", "profile"):
         if name in results:
             summary[name] = results[name]
@@ -230,8 +250,8 @@ def render(summary: dict[str, Any], markdown: bool = False, cprofile: bool = Tru
     parts.append(f"{meta['date']}; {meta['cpu']}, {meta['cores']} cores; Python {meta['python']}; {versions}")
     parts.append(f"{meta['iterations']} measured invocations per path and system after {meta['warmup']} warm-up, "
                  "systems interleaved in batches of 10; medians unless p95"
-                 + (f"; an SQS row's invocation is one batch of {meta['sqs_batch']} messages, its figures per batch"
-                    if meta.get("sqs_batch") else ""))
+                 + (f"; a batch row's (SQS, Kafka) invocation is one batch of {meta['sqs_batch']} records, its "
+                    "figures per batch" if meta.get("sqs_batch") else ""))
 
     # 1. Headline: this layer (lean transport) against Powertools, per path, with ratio columns.
     header = ["path", "CPU ms layer", "CPU ms PT", "CPU ratio", "wall p50 layer", "wall p50 PT", "wall ratio",
@@ -245,21 +265,25 @@ def render(summary: dict[str, Any], markdown: bool = False, cprofile: bool = Tru
                      _ratio_cell(r["wall_p95_ms"]), _fmt(a["requests"], 2), _fmt(b["requests"], 2),
                      _fmt(a["bytes_sent"], 0), _fmt(b["bytes_sent"], 0), _ratio_cell(r["bytes_sent"])])
     parts.append("\nThis layer (lean transport) / Powertools @idempotent, in-process, per invocation (SQS rows: "
-                 "layer-sqs / powertools-sqs, per batch)")
+                 "layer-sqs / powertools-sqs, Kafka rows: layer-kafka or layer-kafka-always / powertools-kafka, "
+                 "per batch)")
     parts.append(_table(header, rows, markdown))
 
     # 2. Every system, every figure.
     header = ["path", "system", "wall p50 ms", "wall p95 ms", "CPU p50 ms", "CPU mean ms", "requests", "bytes sent",
               "handler runs", "CPU / PT"]
-    rows = []
-    for entry in summary["paths"].values():
+    rows, listed = [], set()
+    for path, entry in summary["paths"].items():
         pt = entry["systems"][entry["powertools"]]["cpu_p50_ms"]
         for system, f in entry["systems"].items():
+            if (entry.get("measured", path), system) in listed:  # Powertools under a view row: listed above
+                continue
+            listed.add((entry.get("measured", path), system))
             ops = "+".join(f"{op.replace('Item', '')}" for op in f["requests_by_op"]) or "-"
             rows.append([entry["label"], system, _fmt(f["wall_p50_ms"]), _fmt(f["wall_p95_ms"]),
                          _fmt(f["cpu_p50_ms"]), _fmt(f["cpu_mean_ms"]), f"{_fmt(f['requests'], 2)} ({ops})",
                          _fmt(f["bytes_sent"], 0), _fmt(f["handler_runs"], 2), _ratio_cell(ratio(f["cpu_p50_ms"], pt))])
-    parts.append("\nAll systems (bare = the handler alone; layer-boto3 = IDEMPOTENCY_TRANSPORT=boto3; SQS rows: "
+    parts.append("\nAll systems (bare = the handler alone; layer-boto3 = IDEMPOTENCY_TRANSPORT=boto3; batch rows: "
                  "handler runs = records whose work ran, per batch)")
     parts.append(_table(header, rows, markdown))
     wrong = [(p, s) for p, e in summary["paths"].items() for s, f in e["systems"].items() if f["wrong_results"]]
@@ -400,9 +424,22 @@ How it was measured, and where the systems differ:
   `idempotent_function(data_keyword_argument="record")`, `IdempotencyConfig(event_key_jmespath="messageId")`,
   same TTL, prefix and table layout as its other rows; its record handler calls the consumer's per-record work
   and returns None. The layer claims a batch's records concurrently (up to 10 requests in flight) and calls the
-  consumer once; Powertools runs its records one after another. Figures are per batch (CPU includes the
+  consumer once; Powertools runs its records one after another. A redelivered batch's messages carry an
+  `ApproximateReceiveCount` of 2, so the layer reads all 10 in one `BatchGetItem` (IDEMPOTENCY_BATCH_PRECHECK's
+  default, `auto`) where Powertools makes one request a record. Figures are per batch (CPU includes the
   layer's worker threads). After every batch each message's work must have run exactly once (counted by the
   work itself), else the bench stops.
+- Kafka rows: one invocation is one Amazon MSK (`aws:kafka`) batch of 10 records over 2 partitions of one topic,
+  built by `tests/support/broker_events.py` as Lambda sends them (values are the small rows' orders, base64);
+  "redelivered" is the same records again (same offsets). `layer-kafka` is the layer's defaults (a Kafka batch
+  runs per record, keyed by cluster, topic, partition and offset) around the same consumer, which processes each
+  record of `event["records"]`; `layer-kafka-always` adds `IDEMPOTENCY_BATCH_PRECHECK=always`. Kafka shows no
+  redelivery, so under the default (`auto`) a redelivered batch costs a claim a record, each answering that the
+  record is done; under `always` every batch is read first with one `BatchGetItem`: one request more on a new
+  batch, the only request on a redelivered one. `powertools-kafka` is `BatchProcessor(EventType.Kafka)` (which
+  Powertools 3.37.0 processes: it flattens `records` and reports failures per partition and offset) with the
+  same record handler, `event_key_jmespath="[topic, partition, offset]"`. The `PRECHECK=always` rows show
+  `layer-kafka-always` against the same Powertools figures as the default rows. The same exactly-once check.
 - In-process there is no runtime to marshal results, so the layer does no marshal check there. Under the
   runtime it marshals a fresh result once with the runtime's own encoder, to refuse what cannot be marshalled,
   and hands the text back as raw JSON, so the runtime does not encode it again: the end-to-end rows measure
@@ -604,7 +641,8 @@ def chart(summary: dict[str, Any], path: Path) -> None:
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels, rotation=25, ha="right", fontsize=8)
     ax.set_ylabel("this layer / Powertools (lower is better)")
-    ax.set_title("per invocation, in-process (an SQS row's invocation: one batch of 10 messages)", fontsize=9)
+    ax.set_title("per invocation, in-process (a batch row's invocation: one SQS or Kafka batch of 10 records)",
+                 fontsize=9)
     ax.legend(fontsize=8)
     if init:
         side = axes[0][1]

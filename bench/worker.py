@@ -6,10 +6,11 @@ The system is set up once, as at a function's init; then each `run` command invo
 answers with each invocation's wall and CPU time (`time.process_time`), and how often the handler body ran.
 Only the handler call is timed: building the event and checking the result are not.
 
-A `run` command with `sqs` set ("new" or "redelivery") invokes SQS batches instead: each invocation is one
-batch of SQS_BATCH messages, built by tests/support/events.py as Lambda sends them; "redelivery" delivers the
-same messages again (same messageIds, new receipt handles). After each batch every message's work must have
-run exactly once, else the answer carries `fatal` and the parent stops the bench.
+A `run` command with `batch` set ("sqs" or "kafka") invokes batches instead: each invocation is one batch of
+SQS_BATCH records as Lambda sends them, SQS messages built by tests/support/events.py or an MSK (`aws:kafka`)
+batch over KAFKA_PARTITIONS partitions built by tests/support/broker_events.py. `delivery` "redelivery" delivers
+the same records again (SQS: same messageIds, new receipt handles; Kafka: same offsets). After each batch every
+record's work must have run exactly once, else the answer carries `fatal` and the parent stops the bench.
 """
 
 from __future__ import annotations
@@ -22,9 +23,19 @@ import uuid
 from typing import Any
 
 import bench_handler
-from common import ROOT, SQS_BATCH, SYSTEMS, Context, event, layer_env, make_powertools, make_powertools_batch
+from common import (
+    KAFKA_PARTITIONS,
+    ROOT,
+    SQS_BATCH,
+    SYSTEMS,
+    Context,
+    event,
+    layer_env,
+    make_powertools,
+    make_powertools_batch,
+)
 
-_MESSAGES: dict[tuple[str, int], list[Any]] = {}  # (namespace, batch index) -> its messages, for redelivery
+_RECORDS: dict[tuple[str, str, int], list[Any]] = {}  # (kind, namespace, batch index) -> its records, for redelivery
 
 
 def build(system: str, table: str) -> Any:
@@ -34,12 +45,12 @@ def build(system: str, table: str) -> Any:
     if kind == "layer":
         endpoint = os.environ["AWS_ENDPOINT_URL_DYNAMODB"]
         os.environ.update(layer_env(table, endpoint, settings["transport"], settings["cache"],
-                                    settings.get("batch", False), settings.get("metrics", "off")))
+                                    settings.get("batch"), settings.get("metrics", "off"), settings.get("precheck")))
         from idempotency_layer import interceptor  # reads its settings at import, like at a function's init
 
         return interceptor.handler
     if settings.get("batch"):
-        return make_powertools_batch(table, settings["cache"], bench_handler.process)
+        return make_powertools_batch(table, settings["cache"], bench_handler.process, settings["batch"])
     return make_powertools(table, settings["cache"], bench_handler.handler)
 
 
@@ -80,47 +91,69 @@ def _events() -> Any:
     return events
 
 
-def _messages(command: dict[str, Any], index: int) -> list[Any]:
-    """The messages of batch `index`: new ones for "new" (deterministic ids), the same ones for "redelivery"."""
-    slot = (command["ns"], index)
-    if command["sqs"] == "redelivery":
-        if slot not in _MESSAGES:
+def _brokers() -> Any:
+    _events()
+    from tests.support import broker_events
+
+    return broker_events
+
+
+def _records(command: dict[str, Any], index: int) -> list[Any]:
+    """The records of batch `index`: new ones for "new" (deterministic identities), the same ones for
+    "redelivery"; SQS messages (tests.support.events) or Kafka records (tests.support.broker_events)."""
+    slot = (command["batch"], command["ns"], index)
+    if command["delivery"] == "redelivery":
+        if slot not in _RECORDS:
             raise RuntimeError(f"batch {slot} is redelivered before it was delivered")
-        return _MESSAGES[slot]
-    if slot in _MESSAGES:
+        return _RECORDS[slot]
+    if slot in _RECORDS:
         raise RuntimeError(f"batch {slot} is delivered as new twice")
-    messages = []
+    records = []
     for i in range(SQS_BATCH):
         number = index * SQS_BATCH + i
-        message = _events().json_message(event(command["ns"], number, command["size"]))
-        message.message_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"bench/{command['ns']}/{number}"))
-        messages.append(message)
-    _MESSAGES[slot] = messages
-    return messages
+        payload = event(command["ns"], number, command["size"])
+        if command["batch"] == "kafka":
+            # Round robin over the partitions, each partition's offsets consecutive across batches.
+            per_partition = SQS_BATCH // KAFKA_PARTITIONS
+            offset = index * per_partition + i // KAFKA_PARTITIONS
+            records.append(_brokers().kafka_record(f"orders-{command['ns']}", i % KAFKA_PARTITIONS, offset, payload))
+        else:
+            message = _events().json_message(payload)
+            message.message_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"bench/{command['ns']}/{number}"))
+            records.append(message)
+    _RECORDS[slot] = records
+    return records
 
 
-def run_sqs(handler: Any, command: dict[str, Any]) -> dict[str, Any]:
-    sqs_event = _events().sqs_event
+def _deliver(kind: str, records: list[Any]) -> tuple[dict[str, Any], list[str]]:
+    """The event Lambda sends for `records`, and each record's order id (whose work the bench counts)."""
+    if kind == "kafka":
+        brokers = _brokers()
+        return brokers.kafka_event(records), [brokers.kafka_payload(r)["orderId"] for r in records]
+    return _events().sqs_event(records), [json.loads(m.body)["orderId"] for m in records]
+
+
+def run_batch(handler: Any, command: dict[str, Any]) -> dict[str, Any]:
+    kind, delivery = command["batch"], command["delivery"]
     context = Context()
     walls: list[int] = []
     cpus: list[int] = []
     runs_before = bench_handler.RUNS
     for index in range(command["start"], command["start"] + command["n"]):
-        messages = _messages(command, index)
-        ev = sqs_event(messages)
+        records = _records(command, index)
+        ev, orders = _deliver(kind, records)
         before = bench_handler.RUNS
         result = _timed(handler, ev, context, walls, cpus)
-        # Correctness, from the side effect: each message's work ran once, whichever delivery this is.
-        orders = [json.loads(m.body)["orderId"] for m in messages]
+        # Correctness, from the side effect: each record's work ran once, whichever delivery this is.
         counts = {order: bench_handler.EXECUTIONS[order] for order in orders}
         ran = bench_handler.RUNS - before
-        expected_runs = len(messages) if command["sqs"] == "new" else 0
-        if any(count != 1 for count in counts.values()) or ran != expected_runs:
+        expected_runs = len(records) if delivery == "new" else 0
+        if len(counts) != len(records) or any(c != 1 for c in counts.values()) or ran != expected_runs:
             wrong = {order: count for order, count in counts.items() if count != 1}
-            return {"fatal": f"{command['sqs']} batch {index}: {ran} records ran (expected {expected_runs}); "
+            return {"fatal": f"{kind} {delivery} batch {index}: {ran} records ran (expected {expected_runs}); "
                              f"orders whose work did not run exactly once: {wrong or 'none'}"}
         if result != {"batchItemFailures": []}:
-            return {"fatal": f"{command['sqs']} batch {index}: answer {result!r}, expected no batchItemFailures"}
+            return {"fatal": f"{kind} {delivery} batch {index}: answer {result!r}, expected no batchItemFailures"}
     return {"wall": walls, "cpu": cpus, "runs": bench_handler.RUNS - runs_before, "wrong": 0}
 
 
@@ -135,7 +168,7 @@ def main() -> int:
         command = json.loads(line)
         if command["op"] == "exit":
             break
-        channel.write(json.dumps((run_sqs if command.get("sqs") else run)(handler, command)) + "\n")
+        channel.write(json.dumps((run_batch if command.get("batch") else run)(handler, command)) + "\n")
     return 0
 
 

@@ -1,10 +1,11 @@
-"""./build.sh demo: the unmodified examples/orders handler, examples/shipments SQS consumer and
-examples/orders_api HTTP handler, made exactly-once by the built layer, locally.
+"""./build.sh demo: the unmodified examples/orders handler, examples/shipments SQS consumer,
+examples/orders_api HTTP handler and examples/kafka_orders Kafka consumer, made exactly-once by the built
+layer, locally.
 
 DynamoDB Local holds the records; AWS's Runtime Interface Emulator runs the handler the way the managed
 Python runtime does (AWS_LAMBDA_EXEC_WRAPPER=/opt/idempotency-wrapper, the layer unzipped as /opt). What
 ran is counted by the handlers' own side effects: one line per placed order in ORDERS_FILE, one line per
-shipped message in SHIPMENTS_FILE.
+shipped message in SHIPMENTS_FILE, one line per charged order in CHARGES_FILE.
 
 Exits non-zero if an order was placed or shipped other than exactly once, so it doubles as a smoke test.
 """
@@ -27,7 +28,7 @@ import boto3
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.support import downloads, events, http_events  # noqa: E402 (needs the repository root on the path)
+from tests.support import broker_events, downloads, events, http_events  # noqa: E402 (needs the repository root on the path)
 from tests.support.dynamodb_local import DynamoDBLocal, create_table  # noqa: E402
 from tests.support.rie import LambdaEnvironment  # noqa: E402
 
@@ -109,6 +110,52 @@ def shipments_demo(make: Any, work: Path) -> int:
     return sum(n != 1 for n in counts.values()) + (len(failed) != 2)
 
 
+def kafka_demo(make: Any, work: Path) -> int:
+    """5) The Kafka consumer: a batch across two partitions with a failure, Lambda resuming the failed partition
+    at the reported offset, a rebalance redelivering everything, a producer's duplicate; each order charged once."""
+    charges_file, outages = work / "charges.log", work / "kafka-outages.txt"
+    env = make("kafka_orders", {"CHARGES_FILE": str(charges_file), "OUTAGES_FILE": str(outages),
+                                "IDEMPOTENCY_KEY_JMESPATH": "powertools_json(powertools_base64(value)).orderId"})
+    placed = [(0, 15, "K-1", "EUR"), (0, 16, "K-2", "USD"), (0, 17, "K-3", "EUR"), (1, 7, "K-4", "EUR"),
+              (1, 8, "K-5", "USD"), (0, 18, "K-1", "EUR")]  # the last: the producer's retry of K-1, a later offset
+    records = [broker_events.kafka_record("orders", p, off, {"orderId": o, "currency": c, "amount": 100}, key=o)
+               for p, off, o, c in placed]
+
+    def deliver(label: str, batch: list[dict[str, Any]]) -> list[str]:
+        status, body, _ = env.invoke(broker_events.kafka_event(batch))
+        value = json.loads(body)
+        if status != 200 or (isinstance(value, dict) and "errorType" in value):
+            print(f"   {label}: ERROR {value.get('errorType')}")
+            return ["error"]
+        stops = [f"{i['itemIdentifier']['partition']}@{i['itemIdentifier']['offset']}"
+                 for i in (value or {}).get("batchItemFailures", [])]
+        print(f"   {label}: {len(batch)} record(s) in, partitions stopped: {', '.join(stops) or 'none'}; charged so "
+              f"far {len(charged(charges_file))}")
+        return stops
+
+    print("\n5) examples/kafka_orders (a Kafka consumer, no idempotency code): each order charged once")
+    outages.write_text("USD\n")
+    print("   USD payments are down")
+    stops = deliver("batch from orders-0 and orders-1", records[:5])
+    outages.unlink()
+    print("   USD payments are back; Lambda resumes each stopped partition at its reported offset")
+    deliver("orders-0 from 16 (with the producer's second K-1), orders-1 from 8",
+            [records[1], records[2], records[5], records[4]])
+    print("   a rebalance: the new consumer starts from older commits, everything comes again")
+    deliver("every record again", records)
+    lines = charged(charges_file)
+    counts = {o: lines.count(o) for o in ("K-1", "K-2", "K-3", "K-4", "K-5")}
+    print(f"   {charges_file.name}: {len(lines)} line(s); charges per order: "
+          + ", ".join(f"{o}={n}" for o, n in counts.items()))
+    return sum(n != 1 for n in counts.values()) + (stops != ["orders-0@16", "orders-1@8"])
+
+
+def charged(charges_file: Path) -> list[str]:
+    if not charges_file.exists():
+        return []
+    return [json.loads(line)["orderId"] for line in charges_file.read_text().splitlines()]
+
+
 def http_demo(make: Any, work: Path) -> int:
     """4) The HTTP handler behind an HTTP API: a retry replayed and marked, a concurrent duplicate answered 409
     (or, waiting, with the replay), a reused key with another body answered 422; each order placed once."""
@@ -173,7 +220,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="idempotency-demo-"))
     task_root, opt, orders_file = work / "task", work / "opt", work / "orders.log"
     shutil.copytree(ROOT / "examples" / "orders", task_root, ignore=shutil.ignore_patterns("__pycache__"))
-    for example in ("shipments", "orders_api"):
+    for example in ("shipments", "orders_api", "kafka_orders"):
         shutil.copytree(ROOT / "examples" / example, work / example, ignore=shutil.ignore_patterns("__pycache__"))
     unzip_layer(zip_path, opt)
 
@@ -283,7 +330,9 @@ def main() -> int:
             return env.start()
 
         failures += http_demo(api, work)
-        print("\ndemo: OK: every order placed once, every message shipped once, every request run once"
+        failures += kafka_demo(consumer, work)
+        print("\ndemo: OK: every order placed once, every message shipped once, every request run once, every "
+              "Kafka order charged once"
               if not failures else "demo: FAILED")
     except Exception:
         for env in environments:

@@ -30,6 +30,8 @@ _NAMESPACE = re.compile(r"[A-Za-z0-9 ._/#:-]{1,255}")
 _TRANSPORTS = ("lean", "boto3")
 _SCOPES = ("auto", "event", "record")
 STREAM_FAILURES = ("checkpoint", "records")  # sources.batch reads it too
+BATCH_RESPONSES = ("partial", "fail")  # fail: the mapping ignores partial batch responses (sources.batch)
+_BATCH_PRECHECKS = ("auto", "always", "never")  # cycle.PRECHECK_MODES: not imported here, to keep init lean
 _HTTP_MODES = ("auto", "off")
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")  # an HTTP token
 _WHOLE = re.compile(r"-?[0-9]+")
@@ -105,10 +107,12 @@ class Config(namedtuple("Config", (
     "metrics_namespace",
     "function_name",
     "region",
-), defaults=("off", "Idempotency", None, None))):
+    "batch_response",
+    "batch_precheck",
+), defaults=("off", "Idempotency", None, None, "partial", "auto"))):
     # disabled: bool
     # table: str
-    # scope: str  # auto: batches from SQS, Kinesis, DynamoDB Streams per record, other events whole; event; record
+    # scope: str  # auto: batches (SQS, Kinesis, DynamoDB Streams, Kafka, Amazon MQ) per record, others whole
     # checkpoint: a stream handler's earliest reported record and every one after it are released (Lambda retries
     # the shard from there); records: only the records it reports are released, as for SQS
     # stream_failures: str
@@ -137,6 +141,8 @@ class Config(namedtuple("Config", (
     # metrics_namespace: str
     # function_name: str | None  # AWS_LAMBDA_FUNCTION_NAME: a durable execution's envelope must name this function
     # region: str | None  # AWS_REGION: ... and its Region
+    # batch_response: str  # partial; fail: a batch with a record that must come back fails the invocation
+    # batch_precheck: str  # auto: a batch showing redelivery is read first in one BatchGetItem; always; never
     __slots__ = ()
 
 
@@ -356,4 +362,6 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         metrics_namespace=_namespace(env),
         function_name=_text(env, "AWS_LAMBDA_FUNCTION_NAME"),
         region=_text(env, "AWS_REGION"),
+        batch_response=_choice(env, "IDEMPOTENCY_BATCH_RESPONSE", "partial", BATCH_RESPONSES),
+        batch_precheck=_choice(env, "IDEMPOTENCY_BATCH_PRECHECK", "auto", _BATCH_PRECHECKS),
     )

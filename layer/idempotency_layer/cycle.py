@@ -27,7 +27,7 @@ from .errors import (
     IdempotencyResultTooLargeError,
 )
 from .log import fields
-from .store import COMPLETED, Record, Store
+from .store import COMPLETED, READ_KEYS, Record, Store
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
@@ -56,6 +56,11 @@ FIRST_COMPLETE_RETRY_S, LAST_COMPLETE_RETRY_S, COMPLETE_MARGIN_MS = 0.1, 2.0, RE
 # this long before the deadline: a completion not made lets the next copy run the handler again, and one that
 # makes the function time out is no worse (the write usually takes milliseconds, and may still land).
 LATE_COMPLETE_MARGIN_MS = 50
+# A batch's pre-check (one BatchGetItem) retries the keys the table left unprocessed from 50 ms, doubling to
+# 1 s, with jitter, at most MAX_READ_ATTEMPTS reads in all, and takes at most PRECHECK_SHARE of what the
+# invocation has left: it only saves requests, and the claims after it must still fit.
+FIRST_READ_RETRY_S, LAST_READ_RETRY_S, MAX_READ_ATTEMPTS, PRECHECK_SHARE = 0.05, 1.0, 5, 0.5
+PRECHECK_MODES = ("auto", "always", "never")
 
 logger = logging.getLogger("idempotency_layer")
 
@@ -153,8 +158,13 @@ class Cycle:
         min_claim_ms: int = 0,
         wait_seconds: float = 0.0,
         sleep: Callable[[float], None] = time.sleep,
+        batch_precheck: str = "auto",
     ) -> None:
+        if batch_precheck not in PRECHECK_MODES:
+            raise ValueError(f"batch_precheck must be one of {', '.join(PRECHECK_MODES)}")
         self.store = store
+        # IDEMPOTENCY_BATCH_PRECHECK; "never" from the first answer that the role lacks dynamodb:BatchGetItem.
+        self.batch_precheck = batch_precheck
         self.results: Results = results or ValueResults()
         self.ttl_seconds = ttl_seconds
         self.cache = LocalCache(cache_size) if cache_size > 0 else None
@@ -227,6 +237,70 @@ class Cycle:
         result, stored = entry
         _check_fingerprint(key, stored, fingerprint)
         return result
+
+    def precheck(self, wanted: dict[str, str | None], remaining_ms: int, redelivered: bool
+                 ) -> dict[str, Record | IdempotencyPayloadMismatchError]:
+        """The completed records among `wanted` (key -> the fingerprint its copy carries), read with one
+        consistent BatchGetItem per `READ_KEYS` keys, so a redelivered batch's done records cost no claim.
+        Read when IDEMPOTENCY_BATCH_PRECHECK is `always`, or `auto` and the batch shows `redelivered`.
+
+        A key is answered only when a claim would have found the same: a completed, unexpired record (its
+        fingerprint checked as a replay checks it, a mismatch answered as the error). Anything else (absent, in
+        progress, expired, unreadable, left unprocessed) is left out, for the claim to judge. Never raises: a
+        failed read leaves its keys to the claims, with a warning."""
+        found: dict[str, Record | IdempotencyPayloadMismatchError] = {}
+        keys = list(wanted)
+        mode = self.batch_precheck
+        if mode == "never" or (mode == "auto" and not redelivered) or len(keys) < 2:
+            return found  # (one key: its claim answers a done record in one request too)
+        until = Deadline.after(max(0, remaining_ms) * PRECHECK_SHARE / 1000)
+        for start in range(0, len(keys), READ_KEYS):
+            try:
+                records = self._read(keys[start:start + READ_KEYS], until)
+            except IdempotencyPersistenceLayerError as error:
+                cause = error.__cause__
+                if getattr(cause, "code", None) == "AccessDeniedException":
+                    self.batch_precheck = "never"
+                    logger.warning("the function's role lacks dynamodb:BatchGetItem on the table: batches are no "
+                                   "longer pre-checked in this environment, each record is claimed (grant it to "
+                                   "answer a redelivered batch in one request)", extra=fields(None))
+                else:
+                    logger.warning("pre-checking %d keys of the batch failed; claiming them instead: %s",
+                                   len(keys) - start, error, extra=fields(None, "store_error"))
+                return found
+            except Exception as error:  # not the store's word (a bug): the claims still decide
+                logger.warning("pre-checking %d keys of the batch failed (%s); claiming them instead",
+                               len(keys) - start, type(error).__name__, extra=fields(None, "store_error"))
+                return found
+            now = self.clock()
+            for key, record in records.items():
+                if record.status != COMPLETED or record.is_expired(now):
+                    continue
+                try:
+                    _check_fingerprint(key, record.fingerprint, wanted[key])
+                except IdempotencyPayloadMismatchError as error:
+                    found[key] = error
+                else:
+                    found[key] = record
+        return found
+
+    def _read(self, keys: list[str], until: Deadline) -> dict[str, Record]:
+        """`store.read` of `keys`, the keys it leaves unprocessed read again with backoff while `until` allows."""
+        records: dict[str, Record] = {}
+        delay = FIRST_READ_RETRY_S
+        for attempt in range(1, MAX_READ_ATTEMPTS + 1):
+            read, keys = self.store.read(keys, until)
+            records.update(read)
+            if not keys:
+                return records
+            pause = delay * (0.5 + random.random() / 2)
+            if attempt == MAX_READ_ATTEMPTS or not until.allows(pause):
+                logger.warning("the table left %d keys of the batch's pre-check unprocessed; claiming them instead",
+                               len(keys), extra=fields(None))
+                return records
+            self.sleep(pause)
+            delay = min(delay * 2, LAST_READ_RETRY_S)
+        return records
 
     def claim(self, key: str, remaining_ms: int, fingerprint: str | None = None,
               deadline: Deadline | None = None) -> str | Record:

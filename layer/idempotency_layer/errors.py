@@ -39,3 +39,8 @@ class IdempotencyResultTooLargeError(IdempotencyError):
 
 class IdempotencyClaimConflictError(IdempotencyError):
     """The claim kept failing on a record the client clock saw as expired (clock skew between client and table)."""
+
+
+class IdempotencyBatchIncompleteError(IdempotencyError):
+    """Records of a batch must come back but the source cannot be told which (Amazon MQ, or
+    IDEMPOTENCY_BATCH_RESPONSE=fail): the invocation fails after the records that ran were completed."""

@@ -113,7 +113,8 @@ def build(config: _config.Config, user_handler: Any, *, transport: Any = None, s
                                   config.attributes, config.partition_value)
             store.verify()  # a table whose key schema does not match the settings fails init, before any handler runs
         cycle = Cycle(store, config.ttl_seconds, config.local_cache_size, results=runtime_results(),
-                      min_claim_ms=config.in_progress_seconds * 1000, wait_seconds=config.wait_seconds)
+                      min_claim_ms=config.in_progress_seconds * 1000, wait_seconds=config.wait_seconds,
+                      batch_precheck=config.batch_precheck)
     whole = _Whole(cycle, keys, config.require_key, user_handler, config.key_jmespath)
     batches: Any = None  # the batch runner, built for the first batch
     requests: Any = None  # the HTTP runner, built for the first HTTP event
@@ -150,7 +151,8 @@ def build(config: _config.Config, user_handler: Any, *, transport: Any = None, s
                 if batches is None:
                     from .sources import batch
 
-                    batches = batch.Runner(cycle, keys, config.require_key, user_handler, config.stream_failures)
+                    batches = batch.Runner(cycle, keys, config.require_key, user_handler, config.stream_failures,
+                                           config.batch_response)
                 return batches.run(found, event, context, _remaining_ms(context))
             return whole.run(event, context)
         except BaseException as error:

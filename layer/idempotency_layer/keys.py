@@ -235,6 +235,10 @@ def is_durable(event: Any, function_name: str | None, region: str | None) -> boo
             and (region is None or target[1] == region))
 
 
+# Batches that are not a Records list: Kafka's (Amazon MSK, self-managed) and Amazon MQ's (ActiveMQ, RabbitMQ).
+BROKER_SOURCES = ("aws:kafka", "SelfManagedKafka", "aws:mq", "aws:rmq")
+
+
 def route(config: Any, event: Any) -> tuple[str, Any]:
     """How the layer serves `event` under `config`: ("durable", None) for a durable execution's invocation, which
     is passed through, ("http", the parsed request), ("batch", the parsed batch) or ("event", None) for a whole
@@ -252,7 +256,8 @@ def route(config: Any, event: Any) -> tuple[str, Any]:
         if request is not None:
             return "http", request
     if config.scope != "event" and (config.scope != "auto" or (
-            isinstance(event, dict) and isinstance(event.get("Records"), list))):
+            isinstance(event, dict) and (isinstance(event.get("Records"), list)
+                                         or event.get("eventSource") in BROKER_SOURCES))):
         # (not a batch under `auto`: the batch module is not even imported for it)
         from .sources import batch  # a function that is never sent a batch never pays for its import
 

@@ -144,6 +144,9 @@ class TimedStore:
     def get(self, *args: Any, **kwargs: Any) -> Any:
         return self._timed(self.store.get, *args, **kwargs)
 
+    def read(self, *args: Any, **kwargs: Any) -> Any:
+        return self._timed(self.store.read, *args, **kwargs)
+
 
 def outcome(tally: Tally) -> str | None:
     """The one outcome of a whole event or a request (a key of _OUTCOMES); None for a batch."""

@@ -26,6 +26,8 @@ else:
 
 _logger = logging.getLogger("idempotency_layer")
 
+# BatchGetItem reads at most this many keys a request.
+READ_KEYS = 100
 INPROGRESS = "INPROGRESS"
 COMPLETED = "COMPLETED"
 # Answers no retry can change: the table, the role or the request is wrong.
@@ -80,6 +82,11 @@ class Store(Protocol):
 
     def get(self, key: str, deadline: Deadline | None = None) -> Record | None:
         """The record of `key` (a consistent read), or None. `deadline`: give up by then."""
+
+    def read(self, keys: list[str], deadline: Deadline | None = None) -> tuple[dict[str, Record], list[str]]:
+        """Up to `READ_KEYS` records in one consistent read (BatchGetItem), without their results: the records
+        read, by key (a key without a record, or whose item is not one, is left out), and the keys the table
+        left unprocessed. `deadline`: give up by then."""
 
 
 def _number(value: dict[str, Any] | None) -> int | None:
@@ -154,22 +161,25 @@ class DynamoDBStore:
         assert self.partition_value is not None
         return {self.attr.key: {"S": self.partition_value}, self.attr.sort_key: {"S": key}}
 
-    def _call(self, operation: str, key: str, params: dict[str, Any],
-              deadline: Deadline | None = None) -> dict[str, Any]:
-        params["TableName"] = self.table
+    def _call(self, operation: str, key: str | None, params: dict[str, Any],
+              deadline: Deadline | None = None, count: int = 1) -> dict[str, Any]:
+        """`key`: the request's one key, or None for a request of `count` keys (named by their count)."""
+        subject = f"key {key!r}" if key is not None else f"{count} keys"
+        if key is not None:
+            params["TableName"] = self.table
         try:
             return self.transport.call(operation, params, deadline)
         except DynamoDBError as error:
             if error.code == CHECK_FAILED:
                 raise
             raise IdempotencyPersistenceLayerError(
-                f"DynamoDB {operation} on table {self.table!r} failed for key {key!r}: {error.code}: {error.message}",
+                f"DynamoDB {operation} on table {self.table!r} failed for {subject}: {error.code}: {error.message}",
                 permanent=error.code in _PERMANENT, uncertain=error.uncertain,
             ) from error
         except Exception as error:
             # E.g. a credential refresh that failed outside botocore's own error types.
             raise IdempotencyPersistenceLayerError(
-                f"DynamoDB {operation} on table {self.table!r} failed for key {key!r}: "
+                f"DynamoDB {operation} on table {self.table!r} failed for {subject}: "
                 f"{type(error).__name__}: {error}",
                 uncertain=True,  # nothing says whether it was sent
             ) from error
@@ -359,3 +369,49 @@ class DynamoDBStore:
         response = self._call("GetItem", key, {"Key": self._item_key(key), "ConsistentRead": True}, deadline)
         item = response.get("Item")
         return None if item is None else self._record(key, item)
+
+    def read(self, keys: list[str], deadline: Deadline | None = None) -> tuple[dict[str, Record], list[str]]:
+        a = self.attr
+        if not 0 < len(keys) <= READ_KEYS:
+            raise ValueError(f"a read takes 1 to {READ_KEYS} keys, not {len(keys)}")
+        # What tells a completed, unexpired record and its fingerprint: never the result, which may be large
+        # (an answer holds at most 16 MB; what does not fit comes back as UnprocessedKeys, as do keys a throttled
+        # table could not read: https://docs.aws.amazon.com/amazondynamodb/latest/APIReference/API_BatchGetItem.html)
+        # and a batch record does not replay.
+        wanted = [a.key, a.status, a.expires_at, a.payload_hash] + ([a.sort_key] if a.sort_key else [])
+        names = {f"#a{i}": name for i, name in enumerate(wanted)}
+        params = {"RequestItems": {self.table: {
+            "Keys": [self._item_key(key) for key in keys],
+            "ConsistentRead": True,
+            "ProjectionExpression": ", ".join(names),
+            "ExpressionAttributeNames": names,
+        }}}
+        answer = self._call("BatchGetItem", None, params, deadline, len(keys))
+        # The stored key names the record: the sort key's value when there is one, else the partition key's.
+        named = a.sort_key or a.key
+        asked = set(keys)
+        try:
+            items = answer["Responses"].get(self.table, [])
+            left = (answer.get("UnprocessedKeys") or {}).get(self.table, {}).get("Keys", [])
+            if not isinstance(items, list) or not isinstance(left, list):
+                raise TypeError("not lists")
+            unprocessed = [item[named]["S"] for item in left]
+            if not all(isinstance(key, str) and key in asked for key in unprocessed):
+                raise TypeError("keys not asked for")
+        except (KeyError, TypeError, AttributeError):
+            raise IdempotencyPersistenceLayerError(
+                f"DynamoDB BatchGetItem on table {self.table!r} answered in a shape that is not BatchGetItem's "
+                f"for {len(keys)} keys"
+            ) from None
+        records: dict[str, Record] = {}
+        for item in items:
+            value = item.get(named) if isinstance(item, dict) else None
+            key = value.get("S") if isinstance(value, dict) else None
+            if not isinstance(key, str) or key not in asked:
+                continue  # not an answer to this read: its key goes to the claim, which reads it itself
+            try:
+                records[key] = self._parse(key, item)
+            except (IdempotencyPersistenceLayerError, KeyError, TypeError, ValueError, AttributeError,
+                    binascii.Error):
+                continue  # not an idempotency record, or not this key's: the claim judges it
+        return records, unprocessed

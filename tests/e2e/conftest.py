@@ -182,16 +182,18 @@ def shared_table(ddb_client: Any) -> Iterator[str]:
 
 @pytest.fixture
 def wired_env(environments: Environments, ddb_client: Any, dynamodb: Any) -> Any:
-    """Factory: an environment on a table of its own behind a proxy counting its requests on the wire; the
-    environment, the proxy and the table are gone when the `with` block ends."""
+    """Factory: an environment (with `settings`) on a table of its own behind a proxy counting its requests on the
+    wire; the environment, the proxy and the table are gone when the `with` block ends."""
 
     @contextmanager
-    def wired(version: str, handler: str) -> Iterator[tuple[LambdaEnvironment, CountingProxy]]:
+    def wired(version: str, handler: str, settings: dict[str, str] | None = None
+              ) -> Iterator[tuple[LambdaEnvironment, CountingProxy]]:
         table = create_table(ddb_client, f"idempotency-wire-{uuid.uuid4().hex[:8]}")
         upstream = urlparse(dynamodb.endpoint)
         proxy = CountingProxy(upstream.hostname, upstream.port)
         try:
-            env = environments.new(version, table, {"AWS_ENDPOINT_URL_DYNAMODB": proxy.endpoint}, handler=handler)
+            env = environments.new(version, table, {"AWS_ENDPOINT_URL_DYNAMODB": proxy.endpoint, **(settings or {})},
+                                   handler=handler)
             try:
                 yield env, proxy
             finally:

@@ -99,7 +99,7 @@ def test_a_new_batch_runs_each_record_once_and_its_redelivery_runs_none(store, p
     assert proxy.snapshot()[0] == {"PutItem": 10, "UpdateItem": 10}  # per record: claim, complete
     proxy.reset()
     response = deliver(run, events.sqs_event(batch_))  # redelivered: new receipt handles and receive counts
-    assert proxy.snapshot()[0] == {"PutItem": 10}  # per duplicate: one failed conditional write
+    assert proxy.snapshot()[0] == {"BatchGetItem": 1}  # a receive count of 2: one read answers every record
     assert response == {"batchItemFailures": []}
     assert len(consumer.events) == 1
     assert sorted(consumer.runs) == sorted(f"new-{i}" for i in range(10))
@@ -177,7 +177,8 @@ def test_fifo_stops_at_the_first_record_that_cannot_run_and_releases_the_claims_
     response = deliver(run, events.sqs_event(batch_, arn))
     assert failed_ids(response) == [m.message_id for m in batch_[1:]]  # the blocked one and all after it
     assert consumer.runs == ["fifo-3", "fifo-0"]
-    assert proxy.snapshot()[0] == {"PutItem": 5, "UpdateItem": 1, "DeleteItem": 2}
+    # record 3's second delivery: one read finds it done, the other four are claimed
+    assert proxy.snapshot()[0] == {"BatchGetItem": 1, "PutItem": 4, "UpdateItem": 1, "DeleteItem": 2}
     assert store.get(run.keys.key_of(batch_[2].message_id)) is None  # claimed, then released
     assert store.get(run.keys.key_of(batch_[4].message_id)) is None
 

@@ -226,9 +226,9 @@ def test_doctor_passes_on_a_good_table_and_touches_nothing_else(env, ddb_client,
     ddb_client.put_item(TableName=table, Item=foreign)
     status, checks, text = doctor({**env, "AWS_LAMBDA_EXEC_WRAPPER": "/opt/idempotency-wrapper"})
     assert status == 0, text
-    assert "0 failed, 0 warning(s), 10 passed" in text
+    assert "0 failed, 0 warning(s), 11 passed" in text
     for name in ("settings", "wrapper", "credentials", "table", "key schema", "ttl", "permission PutItem",
-                 "permission UpdateItem", "permission GetItem", "permission DeleteItem"):
+                 "permission UpdateItem", "permission GetItem", "permission DeleteItem", "permission BatchGetItem"):
         assert checks[name]["status"] == "PASS", checks[name]
     assert ddb_client.scan(TableName=table)["Items"] == [foreign]  # the probes are gone, nothing else changed
 

@@ -222,8 +222,9 @@ def test_route_imports_a_source_module_only_for_an_event_of_its_kind():
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         "event []",
-        "batch ['idempotency_layer.sources.batch']",
-        "http ['idempotency_layer.sources.batch', 'idempotency_layer.sources.http']",
+        "batch ['idempotency_layer.sources.batch', 'idempotency_layer.sources.redelivery']",
+        "http ['idempotency_layer.sources.batch', 'idempotency_layer.sources.http', "
+        "'idempotency_layer.sources.redelivery']",
     ]
 
 

@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "template.yaml"
 RUNTIMES = ["python3.10", "python3.11", "python3.12", "python3.13", "python3.14"]
 ACTIONS = {"dynamodb:PutItem", "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"}
+BATCH_ACTIONS = ACTIONS | {"dynamodb:BatchGetItem"}  # a function fed batches: the pre-check's one read
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +101,7 @@ def test_queue_consumer_reports_batch_item_failures_and_has_a_dead_letter_queue(
 
 
 @pytest.mark.parametrize("code", ["examples/orders/", "examples/shipments/", "examples/orders_api/"])
-def test_iam_is_exactly_four_item_actions_on_the_table(template: dict[str, Any], code: str) -> None:
+def test_iam_is_exactly_the_item_actions_on_the_table(template: dict[str, Any], code: str) -> None:
     _, fn = resource_of_type(template, "AWS::Serverless::Function", CodeUri=code)
     policies = fn["Policies"]
     # Inline statements only: no managed policy names, no SAM policy templates.
@@ -109,8 +110,9 @@ def test_iam_is_exactly_four_item_actions_on_the_table(template: dict[str, Any],
     assert len(statements) == 1, statements
     (stmt,) = statements
     assert stmt["Effect"] == "Allow"
-    assert isinstance(stmt["Action"], list) and len(stmt["Action"]) == 4
-    assert set(stmt["Action"]) == ACTIONS
+    expected = BATCH_ACTIONS if code == "examples/shipments/" else ACTIONS
+    assert isinstance(stmt["Action"], list) and len(stmt["Action"]) == len(expected)
+    assert set(stmt["Action"]) == expected
     # cfn-lint does not catch a GetAtt on a misspelled resource here, so check it names the table.
     table = table_name(template)
     assert stmt["Resource"] in ({"Fn::GetAtt": [table, "Arn"]}, {"Fn::GetAtt": f"{table}.Arn"})
@@ -118,7 +120,7 @@ def test_iam_is_exactly_four_item_actions_on_the_table(template: dict[str, Any],
 
 def test_every_function_is_one_of_the_examples(template: dict[str, Any]) -> None:
     assert sorted(fn["CodeUri"] for fn in functions(template).values()) == [
-        "examples/orders/", "examples/orders_api/", "examples/shipments/"]
+        "examples/kafka_orders/", "examples/orders/", "examples/orders_api/", "examples/shipments/"]
 
 
 def test_http_function_sits_behind_an_http_api_with_the_header_configured(template: dict[str, Any]) -> None:
@@ -147,3 +149,35 @@ def test_every_function_declares_the_endpoint_override_empty(template: dict[str,
     # silently reach real DynamoDB.
     for name, fn in functions(template).items():
         assert fn["Environment"]["Variables"].get("AWS_ENDPOINT_URL_DYNAMODB") == "", name
+
+
+def test_kafka_consumer_has_a_provisioned_mapping_reporting_batch_item_failures(template: dict[str, Any]) -> None:
+    name, fn = resource_of_type(template, "AWS::Serverless::Function", CodeUri="examples/kafka_orders/")
+    assert fn["Handler"] == "app.handler"
+    x86_layer, _ = resource_of_type(template, "AWS::Serverless::LayerVersion", CompatibleArchitectures=["x86_64"])
+    assert fn["Layers"] == [{"Ref": x86_layer}]
+    env = fn["Environment"]["Variables"]
+    assert env["AWS_LAMBDA_EXEC_WRAPPER"] == "/opt/idempotency-wrapper"
+    assert env["IDEMPOTENCY_TABLE"] == {"Ref": table_name(template)}
+    # Keyed by the order inside the record's value: a producer's duplicate (another offset) charges once.
+    assert env["IDEMPOTENCY_KEY_JMESPATH"] == "powertools_json(powertools_base64(value)).orderId"
+    assert "IDEMPOTENCY_SCOPE" not in env
+    (mapping_name, mapping), = [(n, r) for n, r in template["Resources"].items()
+                                if r["Type"] == "AWS::Lambda::EventSourceMapping"]
+    props = mapping["Properties"]
+    assert props["FunctionName"] == {"Ref": name}
+    # Kafka honours batchItemFailures only with both; without them the reported records are lost.
+    assert props["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+    pollers = props["ProvisionedPollerConfig"]
+    assert 1 <= pollers["MinimumPollers"] <= pollers["MaximumPollers"]
+    assert "KafkaBootstrapServers" in props["SelfManagedEventSource"]["Endpoints"] or "EventSourceArn" in props
+    # The example exists only when a cluster is given: the function and its mapping share the condition.
+    condition = template["Resources"][name].get("Condition")
+    assert condition and template["Resources"][mapping_name].get("Condition") == condition
+    # Its table statement is the other functions' one (least privilege on the table); beyond it, only the
+    # secret the mapping reads.
+    _, shipments = resource_of_type(template, "AWS::Serverless::Function", CodeUri="examples/shipments/")
+    statements = [s for p in fn["Policies"] for s in p["Statement"]]
+    assert statements[0] == shipments["Policies"][0]["Statement"][0]
+    assert [(s["Action"], s["Resource"]) for s in statements[1:]] == [
+        ("secretsmanager:GetSecretValue", {"Ref": "KafkaSecretArn"})]

@@ -150,34 +150,49 @@ def mapping_kind(mapping: dict[str, Any]) -> str:
     arn = mapping.get("EventSourceArn") or ""
     if mapping.get("SelfManagedEventSource") or ":kafka:" in arn:
         return "Kafka"
-    for marker, kind in ((":sqs:", "SQS"), (":kinesis:", "Kinesis"), (":dynamodb:", "DynamoDB Streams")):
+    for marker, kind in ((":sqs:", "SQS"), (":kinesis:", "Kinesis"), (":dynamodb:", "DynamoDB Streams"),
+                         (":mq:", "Amazon MQ")):
         if marker in arn:
             return kind
     return "other"
 
 
-def mapping_checks(mapping: dict[str, Any], timeout: int, queue: dict[str, str] | None = None) -> list[Check]:
+def mapping_checks(mapping: dict[str, Any], timeout: int, queue: dict[str, str] | None = None,
+                   batch_response: str = "partial") -> list[Check]:
     """What makes one event source mapping's batches safe under the layer. `queue`: an SQS queue's attributes
-    (GetQueueAttributes), or None when they could not be read."""
+    (GetQueueAttributes), or None when they could not be read. `batch_response`: IDEMPOTENCY_BATCH_RESPONSE; under
+    `fail` the layer never relies on a partial batch response, so a mapping need not honour one."""
     kind = mapping_kind(mapping)
     uuid = mapping.get("UUID", "?")
     name = f"mapping {uuid} ({kind})"
     update = f"aws lambda update-event-source-mapping --uuid {uuid}"
     if kind == "other":
         return [Check(name, PASS, "not a batch source the layer serves per record")]
+    if kind == "Amazon MQ":  # no partial batch response exists: the layer always fails the invocation instead
+        return [Check(name, PASS, "no partial batch response on Amazon MQ: a batch with a message that cannot run "
+                      "fails the invocation after the others completed, and the broker redelivers it")]
     checks = []
+    fail = batch_response == "fail"
     if "ReportBatchItemFailures" in (mapping.get("FunctionResponseTypes") or []):
         checks.append(Check(name, PASS, "ReportBatchItemFailures is on"))
+    elif fail:
+        checks.append(Check(name, PASS, "ReportBatchItemFailures is off and IDEMPOTENCY_BATCH_RESPONSE=fail: a batch "
+                            "with a record that must come back fails the invocation and is redelivered whole"))
     else:
         checks.append(Check(name, FAIL, "ReportBatchItemFailures is off: Lambda ignores the layer's partial batch "
                             "response and retries or drops whole batches",
-                            f"{update} --function-response-types ReportBatchItemFailures"))
+                            f"{update} --function-response-types ReportBatchItemFailures, or set "
+                            "IDEMPOTENCY_BATCH_RESPONSE=fail"))
     if kind == "Kafka":
         if mapping.get("ProvisionedPollerConfig"):
             checks.append(Check(name, PASS, "provisioned mode"))
+        elif fail:
+            checks.append(Check(name, PASS, "not in provisioned mode, and IDEMPOTENCY_BATCH_RESPONSE=fail needs no "
+                                "partial batch response"))
         else:
             checks.append(Check(name, FAIL, "not in provisioned mode: partial batch responses need it on Kafka",
-                                f"{update} --provisioned-poller-config MinimumPollers=1,MaximumPollers=2"))
+                                f"{update} --provisioned-poller-config MinimumPollers=1,MaximumPollers=2, or set "
+                                "IDEMPOTENCY_BATCH_RESPONSE=fail"))
     if kind == "SQS":
         if queue is None:
             checks.append(Check(name, FAIL, "the queue's attributes could not be read (GetQueueAttributes)",
@@ -394,7 +409,8 @@ def table_checks(config: Any, transport: Any) -> tuple[list[Check], bool]:
 
 
 def permission_checks(store: Any, prefix: str) -> list[Check]:
-    """PutItem, UpdateItem, GetItem and DeleteItem, as the layer makes them, on a probe key removed again.
+    """PutItem, UpdateItem, GetItem and DeleteItem, as the layer makes them, on a probe key removed again, and
+    BatchGetItem (a warning: only a batch's pre-check needs it).
     A refused condition proves the permission as well as success does (DynamoDB checks access first)."""
     suffix = os.urandom(8).hex()
     key, owner = f"{prefix}#doctor-probe-{suffix}", f"doctor-{suffix}"
@@ -425,6 +441,20 @@ def permission_checks(store: Any, prefix: str) -> list[Check]:
     probe("UpdateItem", lambda: store.complete(key, owner, codec.Encoded(codec.DONE, None), int(now) + PROBE_SECONDS))
     probe("GetItem", lambda: store.get(key))
     released = probe("DeleteItem", lambda: store.release(key, owner))
+    # BatchGetItem serves only a batch's pre-check, and the layer works without it: a warning, never a failure.
+    try:
+        store.read([key])
+    except (IdempotencyPersistenceLayerError, DynamoDBError) as error:
+        code = _code(error)
+        if code in _DENIALS:
+            checks.append(Check("permission BatchGetItem", WARN, f"{code} on probe key {key}: each record of a "
+                                "redelivered batch is claimed instead of read in one request",
+                                fix.format("BatchGetItem")))
+        else:
+            checks.append(Check("permission BatchGetItem", WARN, f"could not be proven ({code}) on probe key "
+                                f"{key}", f"the table answered {code}: retry doctor"))
+    else:
+        checks.append(Check("permission BatchGetItem", PASS, f"probe key {key}"))
     if claimed and not released:
         checks.append(Check("probe record", WARN, f"{key} stays until {PROBE_SECONDS} s after the probe (the "
                             "layer then ignores it; TTL deletes it)",
@@ -489,7 +519,7 @@ def run(args: Any, env: dict[str, str]) -> list[Check]:
             if mapping_kind(mapping) == "SQS" and session is not None:
                 queue, unread = _queue(session, mapping.get("EventSourceArn", ""))
             try:
-                found = mapping_checks(mapping, timeout or 3, queue)
+                found = mapping_checks(mapping, timeout or 3, queue, config.batch_response)
             except (KeyError, TypeError, AttributeError, ValueError):
                 checks.append(_not_lambda("ListEventSourceMappings"))
                 continue

@@ -63,6 +63,7 @@ MODELED_ERRORS = {
     "UpdateItem": _WRITE_ERRORS,
     "DeleteItem": _WRITE_ERRORS,
     "GetItem": _COMMON_ERRORS,
+    "BatchGetItem": _COMMON_ERRORS,
 }
 _CONFLICT = frozenset(("ReplicatedWriteConflictException",))
 RETRYABLE_MODELED = {"PutItem": _CONFLICT, "UpdateItem": _CONFLICT, "DeleteItem": _CONFLICT}

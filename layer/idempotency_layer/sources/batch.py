@@ -1,12 +1,17 @@
-"""Batches from SQS, Kinesis and DynamoDB Streams: each record runs once, with a partial batch response.
+"""Batches from SQS, Kinesis, DynamoDB Streams, Kafka and Amazon MQ: each record runs once, with a partial batch
+response where the source has one.
 
 A redelivered batch is a new mix of records with new receipt handles, so no key of the whole event can
 work: every record gets its own key (its delivery identity, or the key expression applied to it). All keys
 are claimed before the handler runs, concurrently; the handler is called once with the records we claimed;
 its answer (`batchItemFailures`) decides which records are completed and which are released to run again:
-for SQS the records it names; for a stream (Kinesis, DynamoDB Streams), by default, the earliest one it names
-and every record after it, since Lambda retries the shard from there. Records keep no result: a completed
-record only means "done".
+for SQS the records it names; for a stream (Kinesis, DynamoDB Streams) and each Kafka partition, by default, the
+earliest one it names and every record after it, since Lambda retries the shard (the partition) from there.
+Records keep no result: a completed record only means "done".
+
+Each record has an ordering group: a shard or an SQS FIFO queue is one group (the whole batch), a Kafka batch has
+one per topic-partition, SQS standard queues and Amazon MQ none. A record that cannot run stops its group only.
+Kafka and Amazon MQ events are parsed by their own modules (`sources.kafka`, `sources.mq`), imported only for them.
 """
 
 from __future__ import annotations
@@ -16,13 +21,19 @@ from collections import namedtuple
 from collections.abc import Callable, Iterable
 
 from .. import codec
-from ..config import STREAM_FAILURES
+from ..config import BATCH_RESPONSES, STREAM_FAILURES
 from ..cycle import Cycle
 from ..dynamodb import Deadline
-from ..errors import IdempotencyAlreadyInProgressError, IdempotencyKeyError, IdempotencyPayloadMismatchError
-from ..keys import KeyDeriver, is_empty
+from ..errors import (
+    IdempotencyAlreadyInProgressError,
+    IdempotencyBatchIncompleteError,
+    IdempotencyKeyError,
+    IdempotencyPayloadMismatchError,
+)
+from ..keys import BROKER_SOURCES, KeyDeriver, is_empty
 from ..log import fields
 from ..store import Record
+from .redelivery import shows_redelivery
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
@@ -34,7 +45,8 @@ logger = logging.getLogger("idempotency_layer")
 MAX_IN_FLIGHT = 10
 
 
-class Source(namedtuple("Source", ("name", "identifier", "identity", "ordered", "checkpoint"))):
+class Source(namedtuple("Source", ("name", "identifier", "identity", "ordered", "checkpoint", "response", "container"),
+                        defaults=("string", "Records"))):
     # name: str
     # identifier: tuple[str, ...]  # where the record's itemIdentifier is, for batchItemFailures
     # identity: tuple[str, ...]  # the fields that name one delivery, stable across redeliveries: the default key
@@ -42,6 +54,9 @@ class Source(namedtuple("Source", ("name", "identifier", "identity", "ordered", 
     # Lambda reads batchItemFailures as a checkpoint: it retries from the earliest record reported, every record
     # after it included, whether reported or not (a stream); else per record (SQS, FIFO included)
     # checkpoint: bool
+    # response: str  # the partial batch response: "string" itemIdentifiers, "kafka" {partition, offset} objects, or
+    # "none" (Amazon MQ: the invocation fails for the broker to redeliver the batch)
+    # container: str  # the event's field holding the records (a list, or an object of lists by group)
     __slots__ = ()
 
 
@@ -53,12 +68,37 @@ SOURCES = {
 }
 
 
-class Batch(namedtuple("Batch", ("source", "records", "identifiers", "ordered"))):
+class Batch(namedtuple("Batch", ("source", "records", "identifiers", "ordered", "groups", "cluster"),
+                       defaults=(None, None))):
     # source: Source
     # records: list[Any]
     # identifiers: list[str]
-    # ordered: bool  # a shard or an SQS FIFO queue: processing stops at the first record that cannot run now
+    # ordered: bool  # a shard, an SQS FIFO queue, a Kafka partition: processing stops at the first record that
+    # cannot run now (within its group)
+    # groups: list[str] | None  # each record's group name in an object-of-lists container (Kafka's
+    # "<topic>-<partition>", RabbitMQ's "<queue>::<vhost>"); None for a Records/messages list
+    # cluster: str | None  # Kafka: the cluster, part of each record's default key
     __slots__ = ()
+
+    def group(self, index: int) -> Any:
+        """The ordering group of record `index`: a record that cannot run stops the records after it in its group
+        (None: no order, nothing stops)."""
+        if not self.ordered:
+            return None
+        return self.groups[index] if self.groups is not None else ""
+
+    def narrowed(self, event: dict[str, Any], indexes: list[int]) -> dict[str, Any]:
+        """The event Lambda sent with only the records at `indexes`: the same event when none was dropped; groups
+        left empty are dropped (Kafka's and RabbitMQ's)."""
+        if len(indexes) == len(self.records):
+            return event
+        container = self.source.container
+        if self.groups is None:
+            return {**event, container: [self.records[index] for index in indexes]}
+        lists: dict[str, list[Any]] = {}
+        for index in indexes:
+            lists.setdefault(self.groups[index], []).append(self.records[index])
+        return {**event, container: {name: lists[name] for name in event[container] if name in lists}}
 
 
 def _dig(record: dict[str, Any], path: tuple[str, ...]) -> Any:
@@ -72,8 +112,17 @@ def parse(event: Any, required: bool) -> Batch | None:
     """The batch `event` is, or None when it is not one (then `required` makes that an error).
 
     A batch is a `Records` list whose first record's `eventSource` is `aws:sqs`, `aws:kinesis` or
-    `aws:dynamodb`; every record must then come from that source and carry its item identifier.
+    `aws:dynamodb`; every record must then come from that source and carry its item identifier. Or an event whose
+    own `eventSource` is Kafka's or Amazon MQ's (`keys.BROKER_SOURCES`), which their modules parse.
     """
+    if isinstance(event, dict) and event.get("eventSource") in BROKER_SOURCES:
+        if event["eventSource"] in ("aws:kafka", "SelfManagedKafka"):
+            from . import kafka  # only functions fed Kafka pay for its import
+
+            return kafka.parse(event)
+        from . import mq
+
+        return mq.parse(event)
     records = event.get("Records") if isinstance(event, dict) else None
     origin = None
     if isinstance(records, list):
@@ -86,8 +135,9 @@ def parse(event: Any, required: bool) -> Batch | None:
     if source is None:
         if required:
             raise IdempotencyKeyError(
-                "IDEMPOTENCY_SCOPE=record, but the event is not a batch from SQS, Kinesis or DynamoDB Streams "
-                "(a Records list whose eventSource is aws:sqs, aws:kinesis or aws:dynamodb); the handler did not run"
+                "IDEMPOTENCY_SCOPE=record, but the event is not a batch from SQS, Kinesis, DynamoDB Streams, Kafka "
+                "or Amazon MQ (a Records list whose eventSource is aws:sqs, aws:kinesis or aws:dynamodb, or an event "
+                "whose eventSource is aws:kafka, SelfManagedKafka, aws:mq or aws:rmq); the handler did not run"
             )
         return None
     assert isinstance(records, list)
@@ -114,11 +164,22 @@ def parse(event: Any, required: bool) -> Batch | None:
 _INVALID = None  # what `handler_failures` returns for an answer Lambda would treat as a failed batch
 
 
-def handler_failures(value: Any, sent: Iterable[str]) -> set[str] | None:
+def _kafka_identifier(identifier: Any) -> str | None:
+    """A Kafka itemIdentifier, {"partition": "<topic>-<partition>", "offset": <int>}, as the batch's identifier."""
+    if not isinstance(identifier, dict):
+        return None
+    partition, offset = identifier.get("partition"), identifier.get("offset")
+    if not isinstance(partition, str) or not isinstance(offset, int) or isinstance(offset, bool):
+        return None
+    return f"{partition}@{offset}"
+
+
+def handler_failures(value: Any, sent: Iterable[str], response: str = "string") -> set[str] | None:
     """The item identifiers the handler reported as failed; None when its answer is not a valid partial batch
     response (Lambda then treats the whole batch as failed). `sent` are the identifiers of the batch Lambda
-    sent, which Lambda accepts, not only those of the records the handler was given."""
-    if not isinstance(value, dict) or value.get("batchItemFailures") is None:
+    sent, which Lambda accepts, not only those of the records the handler was given. `response`: the source's
+    shape (Source.response); a source without partial batch responses (Amazon MQ) reads none."""
+    if response == "none" or not isinstance(value, dict) or value.get("batchItemFailures") is None:
         return set()
     items = value["batchItemFailures"]
     if not isinstance(items, list):
@@ -127,6 +188,8 @@ def handler_failures(value: Any, sent: Iterable[str]) -> set[str] | None:
     failed = set()
     for item in items:
         identifier = item.get("itemIdentifier") if isinstance(item, dict) else None
+        if response == "kafka":
+            identifier = _kafka_identifier(identifier)
         if not isinstance(identifier, str) or identifier not in known:
             return _INVALID
         failed.add(identifier)
@@ -139,6 +202,14 @@ def record_key(keys: KeyDeriver, batch: Batch, index: int) -> str | None:
     record = batch.records[index]
     if keys.expression is not None:
         return keys.key(record)
+    if batch.source.name == "Kafka":
+        from . import kafka
+
+        return keys.key_of(kafka.identity(batch, index))
+    if batch.source.name == "RabbitMQ":
+        from . import mq
+
+        return keys.key_of(mq.identity(batch, index))
     identity = [record.get(name) for name in batch.source.identity]
     for name, value in zip(batch.source.identity, identity, strict=True):
         if not isinstance(value, str) or not value:
@@ -193,9 +264,15 @@ class Runner:
     """Runs one handler call for a batch, each record's key claimed, completed or released by the cycle."""
 
     def __init__(self, cycle: Cycle, keys: KeyDeriver, require_key: bool, handler: Callable[[Any, Any], Any],
-                 stream_failures: str = "checkpoint") -> None:
+                 stream_failures: str = "checkpoint", batch_response: str = "partial") -> None:
         if stream_failures not in STREAM_FAILURES:
             raise ValueError(f"stream_failures must be one of {', '.join(STREAM_FAILURES)}")
+        if batch_response not in BATCH_RESPONSES:
+            raise ValueError(f"batch_response must be one of {', '.join(BATCH_RESPONSES)}")
+        # fail: the mapping does not honour partial batch responses, so a record that must come back fails the
+        # whole invocation (after what ran completed) instead of being reported and lost
+        self.fail_whole = batch_response == "fail"
+        self._said_content_keys = False  # RabbitMQ messages keyed by content: said once per environment
         self.cycle = cycle
         self.keys = keys
         self.require_key = require_key
@@ -230,6 +307,14 @@ class Runner:
                 nothing.append(index)
         if nothing and len(nothing) == count:
             self._refuse_a_whole_event_expression(batch, event)
+        if batch.source.name == "RabbitMQ" and self.keys.expression is None and not self._said_content_keys:
+            from . import mq
+
+            if any(not mq.has_message_id(record) for record in batch.records):
+                self._said_content_keys = True
+                logger.warning("RabbitMQ messages without basicProperties.messageId are keyed by their data and "
+                               "basicProperties: two equal messages are one; set messageId when publishing, or "
+                               "IDEMPOTENCY_KEY_JMESPATH", extra=fields(None))
         for index in nothing:
             if self.require_key:
                 logger.warning(
@@ -280,12 +365,16 @@ class Runner:
                 busy.add(key)
                 mismatches += 1
         to_claim = [key for key in first if key not in done and key not in busy]
+        # A redelivered batch's done records, read in one request: only the rest is claimed.
+        found = self.cycle.precheck({key: prints[first[key]] for key in to_claim}, remaining_ms,
+                                    shows_redelivery(batch.records))
+        to_claim = [key for key in to_claim if key not in found]
         owners: dict[str, str] = {}
         failure: Exception | None = None
         claims = self._executor.map(
             lambda key: self.cycle.claim(key, remaining_ms, prints[first[key]], deadline), to_claim
         )
-        for key, claimed in zip(to_claim, claims, strict=True):
+        for key, claimed in [*found.items(), *zip(to_claim, claims, strict=True)]:
             if isinstance(claimed, str):
                 owners[key] = claimed
             elif isinstance(claimed, Record):
@@ -310,11 +399,13 @@ class Runner:
         passed: list[int] = []
         failed: list[int] = []
         copies: list[int] = []  # later records of a passed key: they share its outcome
-        stopped = False
+        stopped: set[Any] = set()  # ordering groups stopped at a record that cannot run now
         for index, key in enumerate(keys):
-            if stopped or index in blocked or key in busy:
+            group = batch.group(index)
+            if group in stopped or index in blocked or key in busy:
                 failed.append(index)
-                stopped = stopped or batch.ordered  # nothing after a record that cannot run now may run
+                if group is not None:  # nothing after a record that cannot run now may run in its group
+                    stopped.add(group)
             elif key is None:
                 passed.append(index)
             elif key in done:
@@ -334,51 +425,84 @@ class Runner:
 
         value: Any = None
         if passed:
-            records = [batch.records[index] for index in passed]
-            call_event = event if len(records) == count else {**event, "Records": records}
             try:
-                value = self.handler(call_event, context)
+                value = self.handler(batch.narrowed(event, passed), context)
             except BaseException:
                 self._release(owned, deadline)
                 raise
-            reported = handler_failures(value, batch.identifiers)
+            reported = handler_failures(value, batch.identifiers, batch.source.response)
             if reported is _INVALID:
                 logger.error(
                     "the handler's batchItemFailures is not a valid partial batch response (a list of "
-                    "{\"itemIdentifier\": <an identifier of a record of the batch>}), which fails the whole batch; "
-                    "released every record it was given", extra=fields(None, "released"),
+                    "{\"itemIdentifier\": %s}), which fails the whole batch; released every record it was given",
+                    "{\"partition\": <a partition of the batch>, \"offset\": <an offset of it, an integer>}"
+                    if batch.source.response == "kafka" else "<an identifier of a record of the batch>",
+                    extra=fields(None, "released"),
                 )
                 self._release(owned, deadline)
+                if self.fail_whole:  # a mapping that ignores the answer would count the batch as done
+                    raise IdempotencyBatchIncompleteError(
+                        f"the handler's answer to the {batch.source.name} batch is not a valid partial batch response "
+                        f"and IDEMPOTENCY_BATCH_RESPONSE=fail: all {count} records must come back; the invocation "
+                        "fails so that the whole batch is redelivered"
+                    )
                 return value
             if self.checkpoint and batch.source.checkpoint:
-                # Lambda retries the shard from the earliest record named, in the batch it sent (one we dropped
-                # as done included), or from where we stopped: nothing there or after it may complete, as the
-                # handler may not have run it. Records before it ran (the handler went on past them), and Lambda
-                # does not retry them for this answer. All from the checkpoint on are reported, so the answer
-                # names each released one.
-                checkpoint = min([index for index in range(count) if batch.identifiers[index] in reported]
-                                 + failed + [count])
-                failed_keys = {keys[index] for index in passed if index >= checkpoint}
-                unnamed = sum(index >= checkpoint and batch.identifiers[index] not in reported for index in passed)
+                # Lambda retries the shard (a Kafka partition) from the earliest record named, in the batch it sent
+                # (one we dropped as done included), or from where we stopped: nothing there or after it may
+                # complete, as the handler may not have run it. Records before it ran (the handler went on past
+                # them), and Lambda does not retry them for this answer. All from the checkpoint on are reported,
+                # so the answer names each released one.
+                checkpoints: dict[Any, int] = {}  # the earliest index to come back, per group
+                for index in [index for index in range(count) if batch.identifiers[index] in reported] + failed:
+                    group = batch.group(index)
+                    checkpoints[group] = min(checkpoints.get(group, count), index)
+                after = {index for index in range(count)
+                         if batch.group(index) in checkpoints and index >= checkpoints[batch.group(index)]}
+                failed_keys = {keys[index] for index in passed if index in after}
+                unnamed = sum(index in after and batch.identifiers[index] not in reported for index in passed)
                 if unnamed:
                     logger.info("checkpoint at record %d of the stream batch: %d record(s) after it that the handler "
-                                "did not name released too (IDEMPOTENCY_STREAM_FAILURES=checkpoint)", checkpoint,
-                                unnamed, extra=fields(None, "released"))
-                failed.extend(range(checkpoint, count))
+                                "did not name released too (IDEMPOTENCY_STREAM_FAILURES=checkpoint)",
+                                min(checkpoints.values()), unnamed, extra=fields(None, "released"))
+                failed.extend(after)
             else:
                 failed_keys = {keys[index] for index in passed if batch.identifiers[index] in reported}
                 # Every record the handler named comes back, a record we had dropped as done included: its
                 # answer is kept as it gave it, and a done record is dropped again on redelivery.
                 failed.extend(index for index in range(count) if batch.identifiers[index] in reported)
-                failed.extend(index for index in copies if keys[index] in failed_keys)
+            # A later copy of a key that must come back comes back too, wherever it is: in another Kafka partition
+            # it is that partition's resume point (the records after it there that ran stay done).
+            failed.extend(index for index in copies if keys[index] in failed_keys)
             self._complete([(key, owner) for key, owner in owned if key not in failed_keys],
                            {key: prints[index] for key, index in first.items()}, deadline)
             self._release([(key, owner) for key, owner in owned if key in failed_keys], deadline)
+        response = batch.source.response
         if not failed:
-            return value if passed else {"batchItemFailures": []}
-        # One entry per identifier: a message delivered twice in one batch is reported once.
-        identifiers = dict.fromkeys(batch.identifiers[index] for index in sorted(set(failed)))
-        items = [{"itemIdentifier": identifier} for identifier in identifiers]
+            return value if passed or response == "none" else {"batchItemFailures": []}
+        if response == "none" or self.fail_whole:
+            # What ran is completed (it replays as done); the rest comes back only if the whole batch does.
+            why = ("Amazon MQ has no partial batch response" if response == "none"
+                   else "IDEMPOTENCY_BATCH_RESPONSE=fail")
+            raise IdempotencyBatchIncompleteError(
+                f"{len(set(failed))} of the {count} records of the {batch.source.name} batch must come back (failed, "
+                f"in progress elsewhere, stopped behind one, or without a usable key) and {why}: the invocation fails "
+                "so that the whole batch is redelivered; the records that ran are completed and are dropped as done"
+            )
+        if response == "kafka":
+            # AWS's Kafka partial batch response: one {"partition": "<topic>-<partition>", "offset": <int>} per
+            # partition, the offset Lambda resumes it from, as documented in "Configuring error handling controls
+            # for Kafka event sources": https://docs.aws.amazon.com/lambda/latest/dg/kafka-retry-configurations.html
+            first_offsets: dict[str, int] = {}
+            for index in sorted(set(failed)):
+                name, offset = batch.groups[index], batch.records[index]["offset"]
+                first_offsets[name] = min(first_offsets.get(name, offset), offset)
+            items: list[Any] = [{"itemIdentifier": {"partition": name, "offset": offset}}
+                                for name, offset in first_offsets.items()]
+        else:
+            # One entry per identifier: a message delivered twice in one batch is reported once.
+            identifiers = dict.fromkeys(batch.identifiers[index] for index in sorted(set(failed)))
+            items = [{"itemIdentifier": identifier} for identifier in identifiers]
         return {**value, "batchItemFailures": items} if isinstance(value, dict) else {"batchItemFailures": items}
 
     def _refuse_a_whole_event_expression(self, batch: Batch, event: dict[str, Any]) -> None:
