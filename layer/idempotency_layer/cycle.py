@@ -197,7 +197,7 @@ class Cycle:
         try:
             cached = self.cached(key, fingerprint)
             if cached is not None:
-                self._count("LocalCacheReplays")
+                self.count("LocalCacheReplays")
                 return Outcome(self._decode(key, cached, results), True)
             try:
                 claimed = self.claim(key, remaining_ms, fingerprint)
@@ -207,15 +207,15 @@ class Cycle:
                 claimed = self._wait(key, remaining_ms, fingerprint)
         except (IdempotencyAlreadyInProgressError, IdempotencyPayloadMismatchError) as error:
             in_progress = isinstance(error, IdempotencyAlreadyInProgressError)
-            self._count("InProgressConflicts" if in_progress else "PayloadMismatches")
+            self.count("InProgressConflicts" if in_progress else "PayloadMismatches")
             raise
         if isinstance(claimed, Record):
-            self._count("Replays")
+            self.count("Replays")
             return self._replay(claimed, results)
-        self._count("FirstExecutions")
+        self.count("FirstExecutions")
         return Outcome(self._invoke(key, claimed, invoke, fingerprint, results, keep, deadline), False)
 
-    def _count(self, name: str) -> None:
+    def count(self, name: str) -> None:
         """One more of `name` in the running invocation's counts, when it is counted."""
         if self.tally is not None:
             self.tally.add(name)
@@ -366,7 +366,7 @@ class Cycle:
                     return self._completion_failed(key, error, attempt)
                 logger.warning("completing key %r failed (attempt %d), retrying in %.2f s: %s", key, attempt, pause,
                                error, extra=fields(key))
-                self._count("CompletionRetries")
+                self.count("CompletionRetries")
                 self.sleep(pause)
                 delay = min(delay * 2, LAST_COMPLETE_RETRY_S)
                 attempt += 1
@@ -379,19 +379,19 @@ class Cycle:
                 except BaseException:
                     logger.error("completing key %r without its result failed too; it stays claimed until its "
                                  "deadline", key, extra=fields(key))
-                    self._count("CompletionFailures")
+                    self.count("CompletionFailures")
                 return
         if not completed:
             logger.error("claim on key %r expired and was taken over before completion; returning our result", key,
                          extra=fields(key))
-            self._count("CompletionFailures")
+            self.count("CompletionFailures")
         elif self.cache is not None:
             self.cache.put(key, expires_at, result, fingerprint)
 
     def _completion_failed(self, key: str, error: IdempotencyPersistenceLayerError, attempts: int) -> None:
         logger.error("completing key %r failed after %d attempt(s); returning the result anyway: %s", key, attempts,
                      error, extra=fields(key))
-        self._count("CompletionFailures")
+        self.count("CompletionFailures")
         if error.permanent:
             self.refusal = (
                 f"this execution environment runs no more handlers: completing key {key!r} failed for a reason "
@@ -417,7 +417,7 @@ class Cycle:
             released = "ReleaseFailures"
             logger.error("releasing key %r failed; it stays claimed until its deadline", key, exc_info=True,
                          extra=fields(key, "release_failed"))
-        self._count(released)
+        self.count(released)
 
     # -- internals ----------------------------------------------------------------------------------------
 
@@ -471,7 +471,7 @@ class Cycle:
         """Wait for the live claim on `key` to end: the completed record to replay, or our own claim once it was
         released or expired. Raises the in-progress error when the wait or the invocation runs out first."""
         started = time.monotonic()
-        self._count("Waits")
+        self.count("Waits")
         # The wait ends when it is spent or WAIT_MARGIN_MS before the invocation's deadline, whichever is first;
         # every poll carries that point as its deadline, and none starts that it seems it could not finish by
         # then (judged by how long the last one took), so a slow table answers in-progress, not a timeout.
@@ -496,7 +496,7 @@ class Cycle:
             if record is not None and not record.is_expired(now):
                 _check_fingerprint(key, record.fingerprint, fingerprint)
                 if record.status == COMPLETED:
-                    self._count("WaitsReplayed")
+                    self.count("WaitsReplayed")
                     return record
                 if not record.is_claim_expired(now):
                     continue
@@ -506,11 +506,11 @@ class Cycle:
                 claimed = self.claim(key, left_ms, fingerprint)
             except IdempotencyAlreadyInProgressError:
                 continue  # another copy claimed it first: wait for that one
-            self._count("WaitsReplayed" if isinstance(claimed, Record) else "WaitsClaimed")
+            self.count("WaitsReplayed" if isinstance(claimed, Record) else "WaitsClaimed")
             return claimed
 
     def _still_running(self, key: str, started: float) -> IdempotencyAlreadyInProgressError:
-        self._count("WaitsTimedOut")
+        self.count("WaitsTimedOut")
         return IdempotencyAlreadyInProgressError(
             f"another invocation is still running key {key!r} after waiting {time.monotonic() - started:.1f} s "
             "for it (IDEMPOTENCY_WAIT_SECONDS)"
@@ -549,6 +549,6 @@ class Cycle:
         if result.format == codec.TOO_LARGE:
             logger.warning("result of key %r is too large to store; replays will raise", key,
                            extra=fields(key, "first_run"))
-            self._count("ResultsTooLarge")
+            self.count("ResultsTooLarge")
         self.complete(key, owner, result, fingerprint, deadline)
         return delivered

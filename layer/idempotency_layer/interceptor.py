@@ -87,8 +87,7 @@ class _Whole:
                 "IDEMPOTENCY_KEY_JMESPATH=%r selected nothing from the event; running without idempotency",
                 self.expression, extra=fields(None, "passed_through"),
             )
-            if self.cycle.tally is not None:
-                self.cycle.tally.add("PassThroughs")
+            self.cycle.count("PassThroughs")
             return self.handler(event, context)
         fingerprint = self.keys.fingerprint(event)
         return self.cycle.run(key, partial(self.handler, event, context), _remaining_ms(context), fingerprint).value

@@ -49,7 +49,10 @@ class Source(namedtuple("Source", ("name", "identifier", "identity", "ordered", 
                         defaults=("string", "Records"))):
     # name: str
     # identifier: tuple[str, ...]  # where the record's itemIdentifier is, for batchItemFailures
-    # identity: tuple[str, ...]  # the fields that name one delivery, stable across redeliveries: the default key
+    # identity: the fields that name one delivery, stable across redeliveries (the default key), a tuple of names;
+    # or, for a source whose delivery identity is more than fields of the record (Kafka's cluster from the event,
+    # RabbitMQ's content), its function (batch, index) -> the value to key by
+    # identity: tuple[str, ...] | Callable[[Batch, int], Any]
     # ordered: bool  # records are applied in order (a shard), so nothing may run after one that cannot run now
     # Lambda reads batchItemFailures as a checkpoint: it retries from the earliest record reported, every record
     # after it included, whether reported or not (a stream); else per record (SQS, FIFO included)
@@ -202,14 +205,8 @@ def record_key(keys: KeyDeriver, batch: Batch, index: int) -> str | None:
     record = batch.records[index]
     if keys.expression is not None:
         return keys.key(record)
-    if batch.source.name == "Kafka":
-        from . import kafka
-
-        return keys.key_of(kafka.identity(batch, index))
-    if batch.source.name == "RabbitMQ":
-        from . import mq
-
-        return keys.key_of(mq.identity(batch, index))
+    if callable(batch.source.identity):
+        return keys.key_of(batch.source.identity(batch, index))
     identity = [record.get(name) for name in batch.source.identity]
     for name, value in zip(batch.source.identity, identity, strict=True):
         if not isinstance(value, str) or not value:

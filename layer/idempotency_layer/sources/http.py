@@ -355,8 +355,7 @@ class Runner:
             logger.warning("an HTTP request without the %s header%s; running it without idempotency", self.key_header,
                            f" and nothing selected by IDEMPOTENCY_KEY_JMESPATH={self.key_jmespath!r}"
                            if self.key_jmespath else "", extra=fields(None, "passed_through"))
-            if tally is not None:
-                tally.add("PassThroughs")
+            self.cycle.count("PassThroughs")
             return self.handler(event, context)
         if self._results is None:
             self._results = value_results()

@@ -16,7 +16,6 @@ TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type check
 if TYPE_CHECKING:
     from typing import Any
 
-KAFKA = Source("Kafka", (), (), True, True, "kafka", "records")
 # Where each source's event names its cluster, part of a record's default key (offsets repeat across clusters).
 _CLUSTER = {"aws:kafka": "eventSourceArn", "SelfManagedKafka": "bootstrapServers"}
 
@@ -75,3 +74,7 @@ def identity(batch: Batch, index: int) -> list[Any]:
         )
     record = batch.records[index]
     return [batch.cluster, record["topic"], record["partition"], record["offset"]]
+
+
+# Its default key is `identity` above: the cluster comes from the event, not the record.
+KAFKA = Source("Kafka", (), identity, True, True, "kafka", "records")

@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 ACTIVEMQ = Source("ActiveMQ", ("messageID",), ("messageID",), False, False, "none", "messages")
-RABBITMQ = Source("RabbitMQ", (), (), False, False, "none", "rmqMessagesByQueue")
 
 
 def _malformed(source: str, problem: str) -> IdempotencyKeyError:
@@ -94,3 +93,7 @@ def identity(batch: Batch, index: int) -> Any:
             continue
         kept[name] = value
     return {"data": message.get("data"), "basicProperties": kept}
+
+
+# Its default key is `identity` above: the messageId, else the content.
+RABBITMQ = Source("RabbitMQ", (), identity, False, False, "none", "rmqMessagesByQueue")
