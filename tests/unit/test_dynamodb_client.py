@@ -282,7 +282,7 @@ def test_a_credential_refresh_that_waits_gets_the_attempts_time_and_sends_nothin
     with pytest.raises(DynamoDBError) as caught:
         client.call("UpdateItem", {}, soon(0.4) if deadline else None)
     assert caught.value.code == DEADLINE and not caught.value.uncertain and server.count == 0
-    assert time.monotonic() - started < 1.5  # the attempt's time (0.4 s or 0.6 s), not the refresh's 5 s
+    assert time.monotonic() - started < 3.0  # the attempt's time (0.4 s or 0.6 s), not the refresh's 5 s
     # Credentials that need no refresh are got directly, at no cost.
     ready = target._replace(may_wait=lambda: False)
     assert Client(ready, **OPTIONS).call("GetItem", {}) == {}
@@ -349,13 +349,13 @@ def test_https_refuses_a_certificate_the_bundle_does_not_trust(scripted, aws_env
 
 
 def test_a_deadline_cuts_the_read_timeout(scripted, source):
-    server = scripted(answer(body={"Item": {}}, delay=1.5))
+    server = scripted(answer(body={"Item": {}}, delay=3.0))
     client = lean(source, read_timeout=5, max_attempts=3, sleep=Sleeps())
     started = time.monotonic()
     with pytest.raises(DynamoDBError) as caught:
         client.call("UpdateItem", {"TableName": "t"}, soon())
     assert caught.value.code == "ReadTimeoutError" and caught.value.uncertain
-    assert time.monotonic() - started < 1.2  # not the 1.5 s answer, nor the 5 s read timeout
+    assert time.monotonic() - started < 2.0  # not the 3 s answer, nor the 5 s read timeout
     assert server.count == 1  # no retry once the deadline passed
     assert client.call("GetItem", {}) == {"Item": {}}  # without one, the same server is waited for
 
@@ -369,14 +369,14 @@ def test_a_deadline_just_passed_still_gets_one_short_attempt(scripted, source):
     with pytest.raises(DynamoDBError) as caught:
         client.call("GetItem", {}, Deadline(time.monotonic() - LAST_CHANCE_S))  # its last chance is over
     assert caught.value.code == DEADLINE and not caught.value.uncertain and quick.count == 2  # nothing sent
-    slow = scripted(answer(body={"Item": {}}, delay=1.5))
+    slow = scripted(answer(body={"Item": {}}, delay=3.0))
     client = lean(source, read_timeout=5, max_attempts=3, sleep=Sleeps())
     started = time.monotonic()
     with pytest.raises(DynamoDBError) as caught:
         client.call("GetItem", {}, Deadline(started - 0.01))
     assert caught.value.code == "ReadTimeoutError" and slow.count == 1
     assert caught.value.uncertain  # sent, and no answer came
-    assert time.monotonic() - started < LAST_CHANCE_S + 0.5  # the attempt ended by deadline + LAST_CHANCE_S
+    assert time.monotonic() - started < LAST_CHANCE_S + 1.5  # ended by deadline + LAST_CHANCE_S, not the 3 s answer
 
 
 def test_no_backoff_runs_past_the_deadline(scripted, source):

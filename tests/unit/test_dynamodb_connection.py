@@ -749,7 +749,7 @@ def test_without_a_deadline_an_attempt_still_ends_after_the_connect_and_read_tim
     finally:
         stop.set()
     assert (caught.value.code, caught.value.sent) == ("ReadTimeoutError", True)
-    assert time.monotonic() - started < 1.5  # 0.8 s at most, not the trickle's 4 s
+    assert time.monotonic() - started < 2.5  # 0.8 s at most, not the trickle's 4 s
 
 
 def test_without_time_to_write_nothing_is_sent(serve):
