@@ -31,7 +31,7 @@ _TRANSPORTS = ("lean", "boto3")
 _SCOPES = ("auto", "event", "record")
 STREAM_FAILURES = ("checkpoint", "records")  # sources.batch reads it too
 BATCH_RESPONSES = ("partial", "fail")  # fail: the mapping ignores partial batch responses (sources.batch)
-_BATCH_PRECHECKS = ("auto", "always", "never")  # cycle.PRECHECK_MODES: not imported here, to keep init lean
+BATCH_PRECHECKS = ("auto", "always", "never")  # cycle reads it too
 _HTTP_MODES = ("auto", "off")
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")  # an HTTP token
 _WHOLE = re.compile(r"-?[0-9]+")
@@ -363,5 +363,5 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         function_name=_text(env, "AWS_LAMBDA_FUNCTION_NAME"),
         region=_text(env, "AWS_REGION"),
         batch_response=_choice(env, "IDEMPOTENCY_BATCH_RESPONSE", "partial", BATCH_RESPONSES),
-        batch_precheck=_choice(env, "IDEMPOTENCY_BATCH_PRECHECK", "auto", _BATCH_PRECHECKS),
+        batch_precheck=_choice(env, "IDEMPOTENCY_BATCH_PRECHECK", "auto", BATCH_PRECHECKS),
     )

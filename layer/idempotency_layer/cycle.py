@@ -17,6 +17,7 @@ from collections import OrderedDict, namedtuple
 from collections.abc import Callable
 
 from . import codec
+from .config import BATCH_PRECHECKS
 from .dynamodb.deadline import LAST_CHANCE_S, Deadline
 from .errors import (
     IdempotencyAlreadyInProgressError,
@@ -60,7 +61,6 @@ LATE_COMPLETE_MARGIN_MS = 50
 # 1 s, with jitter, at most MAX_READ_ATTEMPTS reads in all, and takes at most PRECHECK_SHARE of what the
 # invocation has left: it only saves requests, and the claims after it must still fit.
 FIRST_READ_RETRY_S, LAST_READ_RETRY_S, MAX_READ_ATTEMPTS, PRECHECK_SHARE = 0.05, 1.0, 5, 0.5
-PRECHECK_MODES = ("auto", "always", "never")
 
 logger = logging.getLogger("idempotency_layer")
 
@@ -160,8 +160,8 @@ class Cycle:
         sleep: Callable[[float], None] = time.sleep,
         batch_precheck: str = "auto",
     ) -> None:
-        if batch_precheck not in PRECHECK_MODES:
-            raise ValueError(f"batch_precheck must be one of {', '.join(PRECHECK_MODES)}")
+        if batch_precheck not in BATCH_PRECHECKS:
+            raise ValueError(f"batch_precheck must be one of {', '.join(BATCH_PRECHECKS)}")
         self.store = store
         # IDEMPOTENCY_BATCH_PRECHECK; "never" from the first answer that the role lacks dynamodb:BatchGetItem.
         self.batch_precheck = batch_precheck

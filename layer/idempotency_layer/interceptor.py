@@ -128,10 +128,9 @@ def build(config: _config.Config, user_handler: Any, *, transport: Any = None, s
             said_durable = True
             _logger.info("a Lambda durable execution's invocation: passed through untouched (the layer never "
                          "claims durable executions; see the README's Durable functions)")
-        tally = cycle.tally
-        if tally is not None:
-            tally.kind = "durable"
-            tally.add("PassThroughs")
+        if cycle.tally is not None:
+            cycle.tally.kind = "durable"
+        cycle.count("PassThroughs")
         return user_handler(event, context)
 
     def handler(event: Any, context: Any) -> Any:

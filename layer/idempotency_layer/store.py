@@ -165,7 +165,7 @@ class DynamoDBStore:
               deadline: Deadline | None = None, count: int = 1) -> dict[str, Any]:
         """`key`: the request's one key, or None for a request of `count` keys (named by their count)."""
         subject = f"key {key!r}" if key is not None else f"{count} keys"
-        if key is not None:
+        if key is not None:  # (a request of many keys, BatchGetItem, names its table in RequestItems)
             params["TableName"] = self.table
         try:
             return self.transport.call(operation, params, deadline)
