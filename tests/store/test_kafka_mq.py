@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import uuid
 from typing import Any
 
@@ -26,15 +25,9 @@ from tests.support import broker_events as brokers
 from tests.support import events
 
 
-class KafkaConsumer:
+class KafkaConsumer(Consumer):
     """AWS's pattern for Kafka: each partition's records in order; at a record whose payload says `fail`, report
     its offset and skip the rest of that partition; other partitions go on."""
-
-    def __init__(self, raises: bool = False) -> None:
-        self.runs: list[str] = []
-        self.events: list[dict[str, Any]] = []
-        self.raises = raises
-        self.lock = threading.Lock()
 
     def __call__(self, event: dict[str, Any], context: Any) -> Any:
         self.events.append(event)

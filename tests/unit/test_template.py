@@ -37,6 +37,18 @@ def table_name(template: dict[str, Any]) -> str:
     return resource_of_type(template, "AWS::DynamoDB::Table")[0]
 
 
+def attached_function(template: dict[str, Any], code: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """The function of example `code` (its name, properties and environment), checked to run under the layer: the
+    x86_64 layer attached, the wrapper set and the template's table named."""
+    name, fn = resource_of_type(template, "AWS::Serverless::Function", CodeUri=code)
+    x86_layer, _ = resource_of_type(template, "AWS::Serverless::LayerVersion", CompatibleArchitectures=["x86_64"])
+    assert fn["Layers"] == [{"Ref": x86_layer}]
+    env = fn["Environment"]["Variables"]
+    assert env["AWS_LAMBDA_EXEC_WRAPPER"] == "/opt/idempotency-wrapper"
+    assert env["IDEMPOTENCY_TABLE"] == {"Ref": table_name(template)}
+    return name, fn, env
+
+
 def test_cfn_lint_passes() -> None:
     # The console script beside this interpreter (the venv's), else whichever is on PATH.
     beside = Path(sys.executable).with_name("cfn-lint")
@@ -68,24 +80,14 @@ def functions(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_function_environment_and_layer(template: dict[str, Any]) -> None:
-    _, fn = resource_of_type(template, "AWS::Serverless::Function", CodeUri="examples/orders/")
+    _, fn, env = attached_function(template, "examples/orders/")
     assert (fn["Handler"], fn["Runtime"]) == ("app.handler", "python3.12")
-    x86_layer, _ = resource_of_type(template, "AWS::Serverless::LayerVersion", CompatibleArchitectures=["x86_64"])
-    assert fn["Layers"] == [{"Ref": x86_layer}]
-    env = fn["Environment"]["Variables"]
-    assert env["AWS_LAMBDA_EXEC_WRAPPER"] == "/opt/idempotency-wrapper"
-    assert env["IDEMPOTENCY_TABLE"] == {"Ref": table_name(template)}
     assert env["IDEMPOTENCY_KEY_JMESPATH"] == "orderId"
 
 
 def test_queue_consumer_reports_batch_item_failures_and_has_a_dead_letter_queue(template: dict[str, Any]) -> None:
-    _, fn = resource_of_type(template, "AWS::Serverless::Function", CodeUri="examples/shipments/")
+    _, fn, env = attached_function(template, "examples/shipments/")
     assert fn["Handler"] == "app.handler"
-    x86_layer, _ = resource_of_type(template, "AWS::Serverless::LayerVersion", CompatibleArchitectures=["x86_64"])
-    assert fn["Layers"] == [{"Ref": x86_layer}]
-    env = fn["Environment"]["Variables"]
-    assert env["AWS_LAMBDA_EXEC_WRAPPER"] == "/opt/idempotency-wrapper"
-    assert env["IDEMPOTENCY_TABLE"] == {"Ref": table_name(template)}
     assert "IDEMPOTENCY_KEY_JMESPATH" not in env and "IDEMPOTENCY_SCOPE" not in env  # per message by default
     (event,) = fn["Events"].values()
     assert event["Type"] == "SQS"
@@ -124,11 +126,8 @@ def test_every_function_is_one_of_the_examples(template: dict[str, Any]) -> None
 
 
 def test_http_function_sits_behind_an_http_api_with_the_header_configured(template: dict[str, Any]) -> None:
-    _, fn = resource_of_type(template, "AWS::Serverless::Function", CodeUri="examples/orders_api/")
-    env = fn["Environment"]["Variables"]
-    assert env["AWS_LAMBDA_EXEC_WRAPPER"] == "/opt/idempotency-wrapper"
+    _, fn, env = attached_function(template, "examples/orders_api/")
     assert env["IDEMPOTENCY_KEY_HEADER"] == "Idempotency-Key"
-    assert env["IDEMPOTENCY_TABLE"] == {"Ref": table_name(template)}
     (event,) = fn["Events"].values()
     assert event["Type"] == "HttpApi" and event["Properties"]["PayloadFormatVersion"] == "2.0"
 
@@ -152,13 +151,8 @@ def test_every_function_declares_the_endpoint_override_empty(template: dict[str,
 
 
 def test_kafka_consumer_has_a_provisioned_mapping_reporting_batch_item_failures(template: dict[str, Any]) -> None:
-    name, fn = resource_of_type(template, "AWS::Serverless::Function", CodeUri="examples/kafka_orders/")
+    name, fn, env = attached_function(template, "examples/kafka_orders/")
     assert fn["Handler"] == "app.handler"
-    x86_layer, _ = resource_of_type(template, "AWS::Serverless::LayerVersion", CompatibleArchitectures=["x86_64"])
-    assert fn["Layers"] == [{"Ref": x86_layer}]
-    env = fn["Environment"]["Variables"]
-    assert env["AWS_LAMBDA_EXEC_WRAPPER"] == "/opt/idempotency-wrapper"
-    assert env["IDEMPOTENCY_TABLE"] == {"Ref": table_name(template)}
     # Keyed by the order inside the record's value: a producer's duplicate (another offset) charges once.
     assert env["IDEMPOTENCY_KEY_JMESPATH"] == "powertools_json(powertools_base64(value)).orderId"
     assert "IDEMPOTENCY_SCOPE" not in env
