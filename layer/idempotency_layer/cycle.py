@@ -389,8 +389,8 @@ class Cycle:
             self.cache.put(key, expires_at, result, fingerprint)
 
     def _completion_failed(self, key: str, error: IdempotencyPersistenceLayerError, attempts: int) -> None:
-        logger.error("completing key %r failed after %d attempt(s); returning the result anyway: %s", key, attempts,
-                     error, extra=fields(key))
+        logger.error("completing key %r failed after %d attempt(s)%s; returning the result anyway: %s", key,
+                     attempts, " (the request may have landed)" if error.uncertain else "", error, extra=fields(key))
         self.count("CompletionFailures")
         if error.permanent:
             self.refusal = (
@@ -411,8 +411,9 @@ class Cycle:
             released = "ReleaseFailures"
             # The store's word names the request and the failure: no traceback to format, which costs milliseconds
             # a key when all of a batch's releases run out of time together, just before the deadline.
-            logger.error("releasing key %r failed; it stays claimed until its deadline: %s", key, error,
-                         extra=fields(key, "release_failed"))
+            logger.error("releasing key %r failed; %s: %s", key,
+                         "the request may have landed, else it stays claimed until its deadline" if error.uncertain
+                         else "it stays claimed until its deadline", error, extra=fields(key, "release_failed"))
         except Exception:
             released = "ReleaseFailures"
             logger.error("releasing key %r failed; it stays claimed until its deadline", key, exc_info=True,

@@ -362,6 +362,9 @@ class DynamoDBStore:
         except DynamoDBError as error:
             if error.code != CHECK_FAILED:  # (_call lets only a failed condition through as a DynamoDBError)
                 raise
+            if error.uncertain and self.get(key) is None:
+                # Sent again after an attempt that got no answer: that attempt deleted it (or it went anyway).
+                return True
             return False
         return True
 

@@ -12,7 +12,8 @@
 
 Each concern has its module: the deadline rule in `deadline`, the retry rule in `retry`, the error model in
 `errors` (`uncertain` accumulates over a call's attempts: any attempt that may have been applied makes the
-failure uncertain), the protocol in `wire`, the HTTP in `connection`.
+failure uncertain, and so does a free re-send after a dead connection, whatever it was answered), the protocol
+in `wire`, the HTTP in `connection`.
 """
 
 from __future__ import annotations
@@ -142,7 +143,9 @@ class Client:
                 if failure is None:
                     self.retry.succeeded(taken)
                     return wire.decode_answer(operation, answer.status, answer.body)
-                uncertain = uncertain or failure.uncertain
+                # A request re-sent after its kept-alive connection died may have been applied by the first
+                # send, whatever the re-send was answered (a throttle, a failed condition): never certain.
+                uncertain = uncertain or failure.uncertain or not budget.resend
             crc = failure.code == wire.CHECKSUM_ERROR
             decision = self.retry.delay(
                 operation,
