@@ -362,10 +362,8 @@ class DynamoDBStore:
         except DynamoDBError as error:
             if error.code != CHECK_FAILED:  # (_call lets only a failed condition through as a DynamoDBError)
                 raise
-            if error.uncertain and self.get(key) is None:
-                # Sent again after an attempt that got no answer: that attempt deleted it (or it went anyway).
-                return True
-            return False
+            # Sent again after an attempt that got no answer: that attempt may have deleted it. Gone is deleted.
+            return error.uncertain and self.get(key) is None
         return True
 
     def get(self, key: str, deadline: Deadline | None = None) -> Record | None:

@@ -363,3 +363,40 @@ def test_caller_headers_keep_callers_apart_when_the_function_authenticates_them(
     again = send("alice", header="AUTHORIZATION")  # the same caller, the header in another case
     assert again["body"] == alice["body"] and headers_of(again)["idempotent-replayed"] == "true"
     assert executions.count(mark) == 2
+
+
+def _with_cookie(form: str, event: dict[str, Any], cookies: list[str]) -> dict[str, Any]:
+    """`cookies` where each flavour carries them: payload 2.0 (HTTP APIs, Function URLs) in the `cookies` list, the
+    others in the Cookie header (`headers`, `multiValueHeaders` or both, as the source sends them)."""
+    if form in ("v2", "url"):
+        event["cookies"] = list(cookies)
+        return event
+    jar = "; ".join(cookies)
+    if "headers" in event:
+        event["headers"]["Cookie" if form == "rest" else "cookie"] = jar
+    if "multiValueHeaders" in event:
+        event["multiValueHeaders"]["Cookie" if form == "rest" else "cookie"] = [jar]
+    return event
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_cookie_sessions_keep_callers_apart_in_every_flavour(
+        form: str, primary: str, environments: Environments, shared_table: str, executions: Executions) -> None:
+    """Issue 28: with IDEMPOTENCY_CALLER_HEADERS=Cookie, as the README advises for cookie sessions, Bob sending
+    Alice's key and body through an HTTP API or a Function URL got Alice's response: payload 2.0 moves cookies
+    out of `headers` into the event's `cookies` list, which the caller scope did not read."""
+    env = web(environments, primary, shared_table, {"IDEMPOTENCY_CALLER_HEADERS": "Cookie"})
+    mark = marker()
+
+    def send(session: str) -> dict[str, Any]:
+        event = request(form, f'"{mark}"', {"marker": mark})
+        return answer(env.invoke(_with_cookie(form, event, [f"session={session}", "theme=dark"])))
+
+    alice = send("alice-7f3a")
+    bob = send("bob-91cc")  # Alice's key and body, Bob's session: his own request
+    assert bob["statusCode"] == 201 and "idempotent-replayed" not in headers_of(bob)
+    assert json.loads(bob["body"])["orderId"] != json.loads(alice["body"])["orderId"]
+    assert executions.count(mark) == 2
+    again = send("alice-7f3a")  # Alice's retry
+    assert again["body"] == alice["body"] and headers_of(again)["idempotent-replayed"] == "true"
+    assert executions.count(mark) == 2

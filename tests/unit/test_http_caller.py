@@ -229,3 +229,84 @@ def test_the_scope_is_canonical_json_and_names_no_one_when_nothing_is_there() ->
     assert http.parse(http_events.rest("POST", "/orders", {"Idempotency-Key": "k"}, "{}")).caller is None
     assert http.parse(http_events.v2("POST", "/orders", {"Idempotency-Key": "k"}, "{}", function_url=True)).caller \
         is None
+
+
+# -- IDEMPOTENCY_CALLER_HEADERS: every place each flavour carries a header, cookies included (issue 28) --------
+
+HEADER_FORMS = ["rest", "v2", "url", "alb", "alb-multi"]
+header_names = st.sampled_from(["Cookie", "Authorization", "X-Api-Key", "X-User-Id"])
+header_values = st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7E, exclude_characters=";"),
+                        min_size=1, max_size=12)
+
+
+def _request_with(form: str, name: str, values: list[str]) -> dict[str, Any]:
+    """A request of `form` carrying header `name` with `values` where that flavour carries it; a Cookie header's
+    values are cookies (`name=value` pairs)."""
+    headers = {"Idempotency-Key": "k"}
+    if form in ("v2", "url"):
+        event = http_events.v2("POST", "/orders", headers, "{}", function_url=form == "url")
+        if name == "Cookie":
+            event["cookies"] = list(values)  # payload 2.0 takes cookies out of the headers
+        else:
+            event["headers"][name.lower()] = ",".join(values)  # payload 2.0 joins repeated headers
+        return event
+    if form == "rest":
+        event = http_events.rest("POST", "/orders", headers, "{}")
+        joined = "; ".join(values) if name == "Cookie" else values[-1]
+        event["headers"][name] = joined
+        event["multiValueHeaders"][name] = ["; ".join(values)] if name == "Cookie" else list(values)
+        return event
+    event = http_events.alb("POST", "/orders", headers, "{}", multi=form == "alb-multi")
+    if form == "alb-multi":
+        event["multiValueHeaders"][name.lower()] = ["; ".join(values)] if name == "Cookie" else list(values)
+    else:
+        event["headers"][name.lower()] = "; ".join(values) if name == "Cookie" else values[-1]
+    return event
+
+
+def _material(event: dict[str, Any], name: str) -> str:
+    return json.dumps(http.key_material(http.parse(event), ["header", "k"], (name.lower(),)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(form=st.sampled_from(HEADER_FORMS), name=header_names,
+       mine=st.lists(header_values, min_size=1, max_size=3), theirs=st.lists(header_values, min_size=1, max_size=3))
+def test_a_caller_header_scopes_the_key_wherever_the_flavour_carries_it(
+        form: str, name: str, mine: list[str], theirs: list[str]) -> None:
+    if name == "Cookie":
+        mine, theirs = [f"s{i}={v}" for i, v in enumerate(mine)], [f"s{i}={v}" for i, v in enumerate(theirs)]
+    as_sent = (lambda v: "; ".join(v)) if name == "Cookie" else (lambda v: v if form in ("rest", "alb-multi")
+                                                               else [",".join(v)] if form in ("v2", "url")
+                                                               else [v[-1]])
+    assume(as_sent(mine) != as_sent(theirs))
+    alice = _material(_request_with(form, name, mine), name)
+    assert _material(_request_with(form, name, mine), name) == alice  # the same caller again
+    assert _material(_request_with(form, name, theirs), name) != alice  # another caller
+    # Every flavour reads it: the scope differs from that of a request without the header.
+    bare = _request_with(form, name, mine)
+    for field in ("headers", "multiValueHeaders"):
+        for header in list(bare.get(field) or {}):
+            if header.lower() == name.lower():
+                del bare[field][header]
+    bare.pop("cookies", None)
+    assert _material(bare, name) != alice
+
+
+def test_a_header_only_in_headers_counts_beside_multi_value_headers() -> None:
+    # A REST event whose multiValueHeaders lack a header that headers has (a hand-made or tool-made event): read.
+    event = http_events.rest("POST", "/orders", {"Idempotency-Key": "k"}, "{}")
+    event["headers"]["Authorization"] = "Bearer alice"
+    alice = _material(event, "Authorization")
+    event["headers"]["Authorization"] = "Bearer bob"
+    assert _material(event, "Authorization") != alice
+    event["multiValueHeaders"]["Authorization"] = ["Bearer alice"]  # both: multiValueHeaders has every value
+    assert _material(event, "Authorization") == alice
+
+
+def test_cookies_of_payload_2_are_the_cookie_header_and_only_there() -> None:
+    event = http_events.v2("POST", "/orders", {"Idempotency-Key": "k"}, "{}")
+    event["cookies"] = ["session=alice", "theme=dark"]
+    assert http.parse(event).headers["cookie"] == ["session=alice; theme=dark"]
+    rest = http_events.rest("POST", "/orders", {"Idempotency-Key": "k"}, "{}")
+    rest["cookies"] = ["session=alice"]  # not where REST carries cookies: not read
+    assert "cookie" not in http.parse(rest).headers

@@ -32,6 +32,9 @@ _TITLES = {400: "Bad Request", 409: "Conflict", 422: "Unprocessable Content", 50
            503: "Service Unavailable"}
 
 
+_FORMS = {"rest": "REST API (payload 1.0)", "v2": "HTTP API or Function URL (payload 2.0)", "alb": "ALB"}
+
+
 class HeaderError(ValueError):
     """The idempotency key header is malformed: the request gets a 400."""
 
@@ -64,17 +67,29 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def _headers(event: dict[str, Any]) -> tuple[dict[str, list[str]], bool]:
+def _headers(event: dict[str, Any], form: str) -> tuple[dict[str, list[str]], bool]:
+    """Every request header, wherever the source put it: `multiValueHeaders` (every value), `headers` for a name
+    not there (REST sends both, ALB one or the other), and payload 2.0's `cookies` list as the one `Cookie`
+    header it was (HTTP APIs and Function URLs take cookies out of `headers`)."""
     found: dict[str, list[str]] = {}
     multi = isinstance(event.get("multiValueHeaders"), dict)
     if multi:
         for name, values in event["multiValueHeaders"].items():
             if isinstance(name, str) and isinstance(values, list):
                 found.setdefault(name.lower(), []).extend(v for v in values if isinstance(v, str))
-    elif isinstance(event.get("headers"), dict):
+    if isinstance(event.get("headers"), dict):
+        single: dict[str, list[str]] = {}
         for name, value in event["headers"].items():
             if isinstance(name, str) and isinstance(value, str):
-                found.setdefault(name.lower(), []).append(value)
+                single.setdefault(name.lower(), []).append(value)
+        for name, values in single.items():
+            if name not in found:
+                found[name] = values
+    cookies = event.get("cookies") if form == "v2" else None
+    if isinstance(cookies, list):
+        jar = "; ".join(cookie for cookie in cookies if isinstance(cookie, str))
+        if jar:
+            found.setdefault("cookie", []).append(jar)
     return found, multi
 
 
@@ -165,7 +180,7 @@ def parse(event: Any) -> Request | None:
         query = event.get("multiValueQueryStringParameters") or event.get("queryStringParameters") or {}
     else:
         return None
-    headers, multi = _headers(event)
+    headers, multi = _headers(event, form)
     return Request(form, method.upper(), route, path, query, event.get("body"), headers, multi,
                    _caller(event, form, headers))
 
@@ -334,9 +349,22 @@ class Runner:
         self.caller_headers: tuple[str, ...] = config.caller_headers
         self.require_key: bool = config.require_key
         self._results: Any = None  # built for the first request that runs through the cycle
+        self._said_missing: set[tuple[str, str]] = set()  # (form, caller header) said missing once per environment
 
     def _key(self, request: Request, event: Any) -> tuple[str | None, str | None]:
         return request_key(self.keys, self, request, event)
+
+    def _say_missing_callers(self, request: Request, key: str) -> None:
+        """Once per environment and source format, each caller header a request came without: its callers share
+        one scope per key, which is right for anonymous callers and wrong if that header never reaches the function
+        in this format (a name the gateway renames or drops)."""
+        for name in self.caller_headers:
+            if name not in request.headers and (request.form, name) not in self._said_missing:
+                self._said_missing.add((request.form, name))
+                logger.warning("IDEMPOTENCY_CALLER_HEADERS names %r, which a request came without (%s): requests "
+                               "without it share one scope per key (said once per environment and format); if "
+                               "your callers always send it, it does not reach the function in this format",
+                               name, _FORMS[request.form], extra=fields(key))
 
     def run(self, request: Request, event: Any, context: Any) -> Any:
         """The response to `request`: the handler's, a replay of it marked, or a problem response."""
@@ -357,6 +385,8 @@ class Runner:
                            if self.key_jmespath else "", extra=fields(None, "passed_through"))
             self.cycle.count("PassThroughs")
             return self.handler(event, context)
+        if self.caller_headers:
+            self._say_missing_callers(request, key)
         if self._results is None:
             self._results = value_results()
         # A payload 2.0 value without a statusCode is stored in the explicit form API Gateway made of it: its body
