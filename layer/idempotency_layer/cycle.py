@@ -53,6 +53,11 @@ RETURN_MARGIN_MS = 300
 # while a retry would start this long before the deadline (its attempt is cut at RETURN_MARGIN_MS): every
 # completion that lands is a handler that no later copy runs again.
 FIRST_COMPLETE_RETRY_S, LAST_COMPLETE_RETRY_S, COMPLETE_MARGIN_MS = 0.1, 2.0, RETURN_MARGIN_MS + 50
+# Every claim (its retries and timeouts included, a batch's queued claims too) ends this long before the
+# invocation's deadline: a table that does not answer fails the invocation closed with the store's error, which its
+# caller sees and retries, instead of a timeout; and the withdraw or the batch's releases after it, which end by
+# RETURN_MARGIN_MS, still have their time.
+CLAIM_DEADLINE_MARGIN_MS = RETURN_MARGIN_MS + 200
 # A handler that returns too late for any attempt by RETURN_MARGIN_MS still gets one completion attempt, ending
 # this long before the deadline: a completion not made lets the next copy run the handler again, and one that
 # makes the function time out is no worse (the write usually takes milliseconds, and may still land).
@@ -200,7 +205,7 @@ class Cycle:
                 self.count("LocalCacheReplays")
                 return Outcome(self._decode(key, cached, results), True)
             try:
-                claimed = self.claim(key, remaining_ms, fingerprint)
+                claimed = self.claim(key, remaining_ms, fingerprint, deadline)
             except IdempotencyAlreadyInProgressError:
                 if self.wait_seconds <= 0:
                     raise
@@ -311,12 +316,14 @@ class Cycle:
         to call from several threads at once.
         """
         owner = os.urandom(16).hex()
-        # The invocation's deadline, for the withdraw; callers that claim later than they measured
+        # The invocation's deadline, for the claim and the withdraw; callers that claim later than they measured
         # `remaining_ms` (a batch's queued claims) pass it.
         if deadline is None:
             deadline = Deadline.after(remaining_ms / 1000)
+        # Never before now: with less than the margin left, the claim still gets one short attempt (LAST_CHANCE_S).
+        claim_by = Deadline(max(deadline.at - CLAIM_DEADLINE_MARGIN_MS / 1000, time.monotonic()))
         try:
-            record = self._claim(key, owner, remaining_ms, fingerprint)
+            record = self._claim(key, owner, remaining_ms, fingerprint, claim_by)
         except IdempotencyPersistenceLayerError as error:
             if error.uncertain:
                 self._withdraw(key, owner, _requests_by(deadline))
@@ -422,13 +429,14 @@ class Cycle:
 
     # -- internals ----------------------------------------------------------------------------------------
 
-    def _claim(self, key: str, owner: str, remaining_ms: int, fingerprint: str | None) -> Record | None:
+    def _claim(self, key: str, owner: str, remaining_ms: int, fingerprint: str | None,
+               deadline: Deadline | None = None) -> Record | None:
         for _ in range(MAX_CLAIM_ATTEMPTS):
             now = self.clock()
             in_progress_until = int(now * 1000) + max(0, remaining_ms, self.min_claim_ms) + CLAIM_MARGIN_MS
             # A claim must not expire (and be taken) while its invocation may still be running.
             expires_at = max(int(now) + self.ttl_seconds, -(-in_progress_until // 1000))
-            record = self.store.claim(key, owner, now, in_progress_until, expires_at, fingerprint)
+            record = self.store.claim(key, owner, now, in_progress_until, expires_at, fingerprint, deadline)
             if record is None or record.owner == owner:  # ours: the transport retried our own write
                 return None
             now = self.clock()

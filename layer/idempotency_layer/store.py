@@ -68,8 +68,9 @@ class Store(Protocol):
     """What the cycle needs from a backend."""
 
     def claim(self, key: str, owner: str, now: float, in_progress_until: int, expires_at: int,
-              fingerprint: str | None = None) -> Record | None:
-        """Write an in-progress record unless a live one exists. None: we hold the claim; else the live record."""
+              fingerprint: str | None = None, deadline: Deadline | None = None) -> Record | None:
+        """Write an in-progress record unless a live one exists. None: we hold the claim; else the live record.
+        `deadline`: give up by then, with `IdempotencyPersistenceLayerError`."""
 
     def complete(self, key: str, owner: str, result: codec.Encoded, expires_at: int,
                  deadline: Deadline | None = None) -> bool:
@@ -115,7 +116,7 @@ class DynamoDBStore:
 
     # -- the table ---------------------------------------------------------------------------------------
 
-    def verify(self) -> None:
+    def verify(self, deadline: Deadline | None = None) -> None:
         """Check that the table exists and has the key schema the settings describe, with one GetItem.
 
         A sort key set on a table without one would otherwise be just another attribute: every key would land
@@ -125,7 +126,8 @@ class DynamoDBStore:
         a = self.attr
         try:
             self.transport.call(
-                "GetItem", {"TableName": self.table, "Key": self._item_key("idempotency-layer#schema-check")}
+                "GetItem", {"TableName": self.table, "Key": self._item_key("idempotency-layer#schema-check")},
+                deadline,
             )
         except DynamoDBError as error:
             if error.code == "ValidationException":
@@ -245,9 +247,9 @@ class DynamoDBStore:
     # -- the protocol -----------------------------------------------------------------------------------
 
     def claim(self, key: str, owner: str, now: float, in_progress_until: int, expires_at: int,
-              fingerprint: str | None = None) -> Record | None:
+              fingerprint: str | None = None, deadline: Deadline | None = None) -> Record | None:
         if self._unverified is not None:
-            self.verify()
+            self.verify(deadline)
             if self._unverified is not None:
                 raise IdempotencyPersistenceLayerError(
                     f"table {self.table!r} could not be reached to check its key schema ({self._unverified}); the "
@@ -274,12 +276,12 @@ class DynamoDBStore:
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
         try:
-            self._call("PutItem", key, params)
+            self._call("PutItem", key, params, deadline)
         except DynamoDBError as error:
             if error.item:
                 return self._record(key, error.item)
             # A backend that returns no old item on a failed condition: read it.
-            record = self.get(key)
+            record = self.get(key, deadline)
             if record is None:
                 raise IdempotencyPersistenceLayerError(
                     f"DynamoDB PutItem on table {self.table!r} failed its condition for key {key!r}, "

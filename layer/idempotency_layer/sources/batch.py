@@ -233,20 +233,31 @@ def refuse_a_whole_event_expression(keys: KeyDeriver, batch: Batch, event: dict[
         )
 
 
+SKIPPED = object()  # _Executor.map's result for an item it never started, after a result that stops the rest
+
+
 class _Executor:
     """Runs calls concurrently on a few threads kept for the life of the environment, created on first use."""
 
     def __init__(self) -> None:
         self._pool: Any = None
 
-    def map(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
-        """`fn` of each item, in order; an exception is returned in its item's place, never raised."""
+    def map(self, fn: Callable[[Any], Any], items: list[Any], stop: Callable[[Any], bool] | None = None) -> list[Any]:
+        """`fn` of each item, in order; an exception is returned in its item's place, never raised. Once a result
+        satisfies `stop`, items not yet started are not: `SKIPPED` is in their place."""
+        stopped = False
 
         def call(item: Any) -> Any:
+            nonlocal stopped
+            if stopped:
+                return SKIPPED
             try:
-                return fn(item)
+                result = fn(item)
             except Exception as error:
-                return error
+                result = error
+            if stop is not None and stop(result):
+                stopped = True
+            return result
 
         if len(items) <= 1:
             return [call(item) for item in items]
@@ -368,8 +379,12 @@ class Runner:
         to_claim = [key for key in to_claim if key not in found]
         owners: dict[str, str] = {}
         failure: Exception | None = None
+        # A claim the table failed fails the batch: the claims not started yet are not sent (each carries the
+        # invocation's deadline, and 10 at a time the rest would hold the batch past it).
         claims = self._executor.map(
-            lambda key: self.cycle.claim(key, remaining_ms, prints[first[key]], deadline), to_claim
+            lambda key: self.cycle.claim(key, remaining_ms, prints[first[key]], deadline), to_claim,
+            stop=lambda claimed: isinstance(claimed, Exception) and not isinstance(
+                claimed, (IdempotencyAlreadyInProgressError, IdempotencyPayloadMismatchError)),
         )
         for key, claimed in [*found.items(), *zip(to_claim, claims, strict=True)]:
             if isinstance(claimed, str):
@@ -385,7 +400,7 @@ class Runner:
                 logger.warning("%s; its record is reported as failed", claimed, extra=fields(key, "mismatch"))
                 busy.add(key)
                 mismatches += 1
-            else:
+            elif claimed is not SKIPPED:
                 failure = failure or claimed
         if failure is not None:
             # The table failed us (or the settings did) before any record ran: the whole batch comes back.
