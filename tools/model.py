@@ -158,6 +158,20 @@ class _Condition:
         return {"=": a == b, "<>": a != b, "<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[operator]
 
 
+def _project(item: dict, params: dict) -> dict:
+    """`item` as a read returns it: only the attributes its ProjectionExpression names, when it has one."""
+    expression = params.get("ProjectionExpression")
+    if expression is None:
+        return _copy(item)
+    names = params.get("ExpressionAttributeNames", {})
+    tokens = [token.strip() for token in expression.split(",")]
+    unused = set(names) - set(tokens)
+    if unused:
+        raise DynamoDBError("GetItem", "ValidationException", f"unused in expressions: {sorted(unused)}", status=400)
+    wanted = {names.get(token, token) for token in tokens}
+    return {name: _copy(value) for name, value in item.items() if name in wanted}
+
+
 def _apply_update(expression: str, names: dict, values: dict, item: dict, used: set[str]) -> None:
     for clause in re.findall(r"(SET|REMOVE)\s+(.*?)(?=\s+(?:SET|REMOVE)\s|$)", expression.strip()):
         action, body = clause
@@ -183,7 +197,7 @@ class MemoryDynamoDB:
         """Apply one request atomically: the response, or DynamoDBError as the real service would raise it."""
         if operation == "GetItem":
             item = self.items.get(params["Key"][self.key_attr]["S"])
-            return {} if item is None else {"Item": _copy(item)}
+            return {} if item is None else {"Item": _project(item, params)}
         key = (params["Item"] if operation == "PutItem" else params["Key"])[self.key_attr]["S"]
         old = self.items.get(key)
         names = params.get("ExpressionAttributeNames", {})

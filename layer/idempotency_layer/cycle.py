@@ -75,6 +75,12 @@ def _requests_by(deadline: Deadline | None) -> Deadline | None:
     return None if deadline is None else deadline.earlier(RETURN_MARGIN_MS / 1000)
 
 
+def _claim_by(deadline: Deadline) -> Deadline:
+    """When the claim (or the read before it) of an invocation that ends at `deadline` must be done: never before
+    now, so with less than the margin left it still gets one short attempt (LAST_CHANCE_S)."""
+    return Deadline(max(deadline.at - CLAIM_DEADLINE_MARGIN_MS / 1000, time.monotonic()))
+
+
 class Undeliverable(Exception):
     """Raised by `Results.encode`: the result cannot be handed back at all, so it must not be stored."""
 
@@ -106,7 +112,9 @@ class ValueResults:
 
 
 class LocalCache:
-    """Completed records of this execution environment, least recently used first out."""
+    """Completed records of this execution environment, least recently used first out: each one's result and the
+    owner token of the claim that completed it, so a replay from memory can confirm, with one small read, that the
+    record is still that one (an operator may have purged it, another environment run it again)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -114,24 +122,31 @@ class LocalCache:
         self._lock = threading.Lock()  # batch records complete from several threads
 
     def get(self, key: str, now: float) -> tuple[codec.Encoded, str | None] | None:
-        """The result of `key` and the fingerprint its record was claimed with, or None."""
+        """The result of `key` and the owner token of its record's claim, or None."""
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
                 return None
-            expires_at, result, fingerprint = entry
+            expires_at, result, owner = entry
             if expires_at < int(now):  # never outlive the record
                 del self._entries[key]
                 return None
             self._entries.move_to_end(key)
-            return result, fingerprint
+            return result, owner
 
-    def put(self, key: str, expires_at: int, result: codec.Encoded, fingerprint: str | None = None) -> None:
+    def holds(self, key: str, now: float) -> bool:
+        return self.get(key, now) is not None
+
+    def put(self, key: str, expires_at: int, result: codec.Encoded, owner: str | None) -> None:
         with self._lock:
-            self._entries[key] = (expires_at, result, fingerprint)
+            self._entries[key] = (expires_at, result, owner)
             self._entries.move_to_end(key)
             while len(self._entries) > self.size:
                 self._entries.popitem(last=False)
+
+    def drop(self, key: str) -> None:
+        with self._lock:
+            self._entries.pop(key, None)
 
 
 def _check_fingerprint(key: str, stored: str | None, given: str | None) -> None:
@@ -200,7 +215,7 @@ class Cycle:
             self.tally.key = key
         self.check()
         try:
-            cached = self.cached(key, fingerprint)
+            cached = self.cached(key, fingerprint, _claim_by(deadline))
             if cached is not None:
                 self.count("LocalCacheReplays")
                 return Outcome(self._decode(key, cached, results), True)
@@ -232,16 +247,36 @@ class Cycle:
         if self.refusal is not None:
             raise IdempotencyPersistenceLayerError(self.refusal)
 
-    def cached(self, key: str, fingerprint: str | None = None) -> codec.Encoded | None:
-        """The result of a completed record of this environment, without a request, or None.
+    def cached(self, key: str, fingerprint: str | None = None, deadline: Deadline | None = None
+               ) -> codec.Encoded | None:
+        """The result of `key` from this environment's memory, once one consistent read without the result says
+        its record is still the one completed with it (live, completed, the same owner: not purged, not run again
+        elsewhere); else None, and the entry is dropped. A read that fails is None too: the claim decides.
 
         Raises `IdempotencyPayloadMismatchError` when the record was claimed with another fingerprint."""
         entry = None if self.cache is None else self.cache.get(key, self.clock())
         if entry is None:
             return None
-        result, stored = entry
-        _check_fingerprint(key, stored, fingerprint)
+        result, owner = entry
+        try:
+            record = self.store.peek(key, deadline)
+        except IdempotencyPersistenceLayerError as error:
+            logger.info("checking the cached record of key %r failed; claiming it instead: %s", key, error,
+                        extra=fields(key))
+            return None
+        if (record is None or record.status != COMPLETED or record.owner != owner
+                or record.is_expired(self.clock())):
+            self.cache.drop(key)  # type: ignore[union-attr]
+            return None
+        _check_fingerprint(key, record.fingerprint, fingerprint)
         return result
+
+    def holds_any(self, keys: list[str]) -> bool:
+        """Whether this environment's local cache holds a completed record of any of `keys`."""
+        if self.cache is None:
+            return False
+        now = self.clock()
+        return any(self.cache.holds(key, now) for key in keys)
 
     def precheck(self, wanted: dict[str, str | None], remaining_ms: int, redelivered: bool
                  ) -> dict[str, Record | IdempotencyPayloadMismatchError]:
@@ -320,10 +355,8 @@ class Cycle:
         # `remaining_ms` (a batch's queued claims) pass it.
         if deadline is None:
             deadline = Deadline.after(remaining_ms / 1000)
-        # Never before now: with less than the margin left, the claim still gets one short attempt (LAST_CHANCE_S).
-        claim_by = Deadline(max(deadline.at - CLAIM_DEADLINE_MARGIN_MS / 1000, time.monotonic()))
         try:
-            record = self._claim(key, owner, remaining_ms, fingerprint, claim_by)
+            record = self._claim(key, owner, remaining_ms, fingerprint, _claim_by(deadline))
         except IdempotencyPersistenceLayerError as error:
             if error.uncertain:
                 self._withdraw(key, owner, _requests_by(deadline))
@@ -342,8 +375,7 @@ class Cycle:
             logger.debug("withdrawing a claim on key %r that may have landed failed too", key,
                          extra=fields(key, "store_error"))
 
-    def complete(self, key: str, owner: str, result: codec.Encoded, fingerprint: str | None = None,
-                 deadline: Deadline | None = None) -> None:
+    def complete(self, key: str, owner: str, result: codec.Encoded, deadline: Deadline | None = None) -> None:
         """Mark our claim on `key` completed with `result`. Never raises: the handler has run, and failing now
         would make the caller retry into a second run.
 
@@ -393,7 +425,7 @@ class Cycle:
                          extra=fields(key))
             self.count("CompletionFailures")
         elif self.cache is not None:
-            self.cache.put(key, expires_at, result, fingerprint)
+            self.cache.put(key, expires_at, result, owner)
 
     def _completion_failed(self, key: str, error: IdempotencyPersistenceLayerError, attempts: int) -> None:
         logger.error("completing key %r failed after %d attempt(s)%s; returning the result anyway: %s", key,
@@ -531,7 +563,7 @@ class Cycle:
             raise IdempotencyPersistenceLayerError(f"record {record.key!r} is completed but has no result format")
         value = self._decode(record.key, result, results)
         if self.cache is not None:
-            self.cache.put(record.key, record.expires_at, result, record.fingerprint)
+            self.cache.put(record.key, record.expires_at, result, record.owner)
         return Outcome(value, True)
 
     def _invoke(self, key: str, owner: str, invoke: Callable[[], Any], fingerprint: str | None = None,
@@ -559,5 +591,5 @@ class Cycle:
             logger.warning("result of key %r is too large to store; replays will raise", key,
                            extra=fields(key, "first_run"))
             self.count("ResultsTooLarge")
-        self.complete(key, owner, result, fingerprint, deadline)
+        self.complete(key, owner, result, deadline)
         return delivered

@@ -58,7 +58,7 @@ _OUTCOMES = {
     "not_completed": "first run, not completed: the handler ran but its result was not stored; a later copy "
                      "runs it again (once the claim expires, if it is still there)",
     "replay": "replay of the stored result: the handler did not run",
-    "local_cache_replay": "replay from the local cache: the handler did not run, no request made",
+    "local_cache_replay": "replay from the local cache: the handler did not run, one read confirmed the record",
     "in_progress": "in progress in another invocation: the handler did not run",
     "mismatch": "payload mismatch: the key was used before with another payload; the handler did not run",
     "passed_through": "passed through: no key, the handler ran without idempotency",
@@ -146,6 +146,9 @@ class TimedStore:
 
     def read(self, *args: Any, **kwargs: Any) -> Any:
         return self._timed(self.store.read, *args, **kwargs)
+
+    def peek(self, *args: Any, **kwargs: Any) -> Any:
+        return self._timed(self.store.peek, *args, **kwargs)
 
 
 def outcome(tally: Tally) -> str | None:

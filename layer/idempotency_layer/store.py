@@ -84,6 +84,10 @@ class Store(Protocol):
     def get(self, key: str, deadline: Deadline | None = None) -> Record | None:
         """The record of `key` (a consistent read), or None. `deadline`: give up by then."""
 
+    def peek(self, key: str, deadline: Deadline | None = None) -> Record | None:
+        """The record of `key` without its result (a consistent read), or None: whether a result this
+        environment keeps in memory is still the record's. `deadline`: give up by then."""
+
     def read(self, keys: list[str], deadline: Deadline | None = None) -> tuple[dict[str, Record], list[str]]:
         """Up to `READ_KEYS` records in one consistent read (BatchGetItem), without their results: the records
         read, by key (a key without a record, or whose item is not one, is left out), and the keys the table
@@ -371,6 +375,17 @@ class DynamoDBStore:
     def get(self, key: str, deadline: Deadline | None = None) -> Record | None:
         response = self._call("GetItem", key, {"Key": self._item_key(key), "ConsistentRead": True}, deadline)
         item = response.get("Item")
+        return None if item is None else self._record(key, item)
+
+    def peek(self, key: str, deadline: Deadline | None = None) -> Record | None:
+        a = self.attr
+        # Never the result, which may be large: a read is charged by the whole item, but only this comes back.
+        wanted = [a.key, a.status, a.expires_at, a.in_progress_until, a.owner, a.payload_hash]
+        wanted += [a.sort_key] if a.sort_key else []
+        names = {f"#a{i}": name for i, name in enumerate(wanted)}
+        params = {"Key": self._item_key(key), "ConsistentRead": True, "ProjectionExpression": ", ".join(names),
+                  "ExpressionAttributeNames": names}
+        item = self._call("GetItem", key, params, deadline).get("Item")
         return None if item is None else self._record(key, item)
 
     def read(self, keys: list[str], deadline: Deadline | None = None) -> tuple[dict[str, Record], list[str]]:

@@ -230,17 +230,33 @@ def test_handed_back_form_is_the_same_on_both_paths(store):
     assert handler.calls == []
 
 
-def test_local_cache_replays_without_requests_and_never_outlives_the_record(store, proxy):
+def test_local_cache_replays_after_one_read_and_never_outlives_the_record(store, proxy):
     clock = Clock()
     cycle = Cycle(store, ttl_seconds=10, cache_size=2, clock=clock)
     handler = Handler({"v": 1})
     cycle.run(KEY, handler, 1000)
     proxy.reset()
     assert cycle.run(KEY, handler, 1000) == ({"v": 1}, True)
-    assert proxy.total() == 0
+    assert proxy.snapshot()[0] == {"GetItem": 1}  # the record is still the one cached: no claim, no result sent
     clock.now += 11
     assert cycle.run(KEY, handler, 1000).replayed is False
     assert len(handler.calls) == 2
+
+
+def test_a_purge_reaches_a_warm_environments_cache(store, proxy):
+    """Issue 28: an operator purged a key to have it run again; a warm environment replayed it from memory."""
+    warm = Cycle(store, ttl_seconds=3600, cache_size=8)
+    handler = Handler({"v": 1})
+    assert warm.run(KEY, handler, LONG).value == {"v": 1}
+    record = store.get(KEY)
+    assert store.purge(KEY, record.status, record.owner)  # what `idempotency-layer purge` does
+    assert warm.run(KEY, handler, LONG).replayed is False and len(handler.calls) == 2  # it runs again
+    # Purged again and run by another environment with another result: the warm one replays that one, not its own.
+    record = store.get(KEY)
+    assert store.purge(KEY, record.status, record.owner)
+    Cycle(store, ttl_seconds=3600).run(KEY, Handler({"v": 2}), LONG)
+    assert warm.run(KEY, handler, LONG) == ({"v": 2}, True) and len(handler.calls) == 2
+    assert warm.run(KEY, handler, LONG) == ({"v": 2}, True)  # and from now on from its cache
 
 
 def test_local_cache_evicts_least_recently_used(store, proxy):
@@ -250,9 +266,9 @@ def test_local_cache_evicts_least_recently_used(store, proxy):
     proxy.reset()
     assert cycle.run("c", Handler(), LONG).value == "c"
     assert cycle.run("b", Handler(), LONG).value == "b"
-    assert proxy.total() == 0
+    assert proxy.snapshot()[0] == {"GetItem": 2}  # each confirmed by a read without the result
     assert cycle.run("a", Handler(), LONG).value == "a"  # evicted: replayed from the table
-    assert proxy.snapshot()[0] == {"PutItem": 1}
+    assert proxy.snapshot()[0] == {"GetItem": 2, "PutItem": 1}
 
 
 def test_requests_per_path(store, proxy):

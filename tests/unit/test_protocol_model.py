@@ -18,7 +18,7 @@ SEARCHES = {
     "skew inside the margin": (Bounds(invocations=2, faults=1, crashes=1, advances=2, skew_s=(0.0, 0.9)), 4020),
     # three copies, two environments (the third copy reuses the first's, with its local cache), a crash
     "three copies, cache": (Bounds(invocations=3, faults=0, crashes=1, advances=1, environments=2, cache=True),
-                            3148),
+                            3516),
     # three copies in three environments, a crash anywhere
     "three copies, a crash": (Bounds(invocations=3, faults=0, crashes=1, advances=0), 7020),
     # three copies in three environments, a clock jump anywhere

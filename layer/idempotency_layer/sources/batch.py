@@ -349,7 +349,7 @@ class Runner:
 
         # One claim per distinct key, at its first record; later copies share that record's outcome.
         first: dict[str, int] = {}
-        mismatches = cache_hits = replays = in_progress = 0  # distinct keys, for the invocation's tally
+        mismatches = replays = in_progress = 0  # distinct keys, for the invocation's tally
         for index, key in enumerate(keys):
             if key is None or index in blocked:
                 continue
@@ -363,19 +363,12 @@ class Runner:
         # A completed record is done, whatever ran it: a whole event with the same key did this operation too.
         done: set[str] = set()
         busy: set[str] = set()  # in progress elsewhere, or used before with another payload
-        for key, index in first.items():
-            try:
-                if self.cycle.cached(key, prints[index]) is not None:
-                    done.add(key)
-                    cache_hits += 1
-            except IdempotencyPayloadMismatchError as error:
-                logger.warning("%s; its record is reported as failed", error, extra=fields(key, "mismatch"))
-                busy.add(key)
-                mismatches += 1
-        to_claim = [key for key in first if key not in done and key not in busy]
-        # A redelivered batch's done records, read in one request: only the rest is claimed.
-        found = self.cycle.precheck({key: prints[first[key]] for key in to_claim}, remaining_ms,
-                                    shows_redelivery(batch.records))
+        to_claim = list(first)
+        # A redelivered batch's done records, read in one request: only the rest is claimed. A key this
+        # environment completed (its local cache) is a sign of redelivery too; it is read like the others, so a
+        # purged record runs again.
+        redelivered = shows_redelivery(batch.records) or self.cycle.holds_any(to_claim)
+        found = self.cycle.precheck({key: prints[first[key]] for key in to_claim}, remaining_ms, redelivered)
         to_claim = [key for key in to_claim if key not in found]
         owners: dict[str, str] = {}
         failure: Exception | None = None
@@ -432,7 +425,7 @@ class Runner:
         owned = [(key, owners[key]) for key in passed_keys]  # type: ignore[index]
         if tally is not None:  # per distinct key; a key's later records in the batch share its first's outcome
             tally.add_many(FirstExecutions=len(owned), PassThroughs=sum(keys[index] is None for index in passed),
-                           Replays=replays, LocalCacheReplays=cache_hits, InProgressConflicts=in_progress,
+                           Replays=replays, InProgressConflicts=in_progress,
                            PayloadMismatches=mismatches)
 
         value: Any = None
@@ -486,8 +479,7 @@ class Runner:
             # A later copy of a key that must come back comes back too, wherever it is: in another Kafka partition
             # it is that partition's resume point (the records after it there that ran stay done).
             failed.extend(index for index in copies if keys[index] in failed_keys)
-            self._complete([(key, owner) for key, owner in owned if key not in failed_keys],
-                           {key: prints[index] for key, index in first.items()}, deadline)
+            self._complete([(key, owner) for key, owner in owned if key not in failed_keys], deadline)
             self._release([(key, owner) for key, owner in owned if key in failed_keys], deadline)
         response = batch.source.response
         if not failed:
@@ -520,10 +512,10 @@ class Runner:
     def _refuse_a_whole_event_expression(self, batch: Batch, event: dict[str, Any]) -> None:
         refuse_a_whole_event_expression(self.keys, batch, event)
 
-    def _complete(self, claims: list[tuple[str, str]], prints: dict[str, str | None], deadline: Deadline) -> None:
+    def _complete(self, claims: list[tuple[str, str]], deadline: Deadline) -> None:
         done = codec.Encoded(codec.DONE, None)
         self._executor.map(
-            lambda claim: self.cycle.complete(claim[0], claim[1], done, prints.get(claim[0]), deadline), claims
+            lambda claim: self.cycle.complete(claim[0], claim[1], done, deadline), claims
         )
 
     def _release(self, claims: list[tuple[str, str]], deadline: Deadline) -> None:
