@@ -174,6 +174,33 @@ def test_purge_makes_the_next_copy_run_again(env, store, tmp_path):
     assert len(runs) == 2
 
 
+def test_purge_of_a_batch_tries_every_record_and_says_what_became_of_each(env, store, ddb_client, table, tmp_path):
+    """Issue 28: `purge --event` on a batch stopped at the first record that had none, deleting the ones before it
+    without a word and never reaching the ones after; a re-run stopped at the first deleted one."""
+    from tests.support import events
+
+    messages = [events.json_message({"n": n}) for n in range(4)]
+    (tmp_path / "batch.json").write_text(json.dumps(events.sqs_event(messages)))
+    keys = json.loads(run(env, "key", "--event", str(tmp_path / "batch.json"), "--json").stdout)["keys"]
+    assert len(keys) == 4
+    for key in (keys[0], keys[2]):
+        claim(store, key, claim_s=-60)  # stale claims: purgeable without --force
+    claim(store, keys[3], claim_s=250)  # live: refused
+    done = run(env, "purge", "--event", str(tmp_path / "batch.json"), "--yes", "--json")
+    assert done.returncode == 1
+    found = json.loads(done.stdout)
+    assert [d["key"] for d in found["deleted"]] == [keys[0], keys[2]]
+    assert found["missing"] == [keys[1]] and [r["key"] for r in found["refused"]] == [keys[3]]
+    assert [item(ddb_client, table, key) is None for key in keys] == [True, True, True, False]
+    lines = done.stderr.splitlines()
+    assert len(lines) == 2 and "nothing to delete" in lines[0] and "--force" in lines[1]
+    again = run(env, "purge", "--event", str(tmp_path / "batch.json"), "--yes", "--force")
+    assert again.returncode == 1  # three had no record any more
+    assert again.stdout.splitlines() == [f"deleted the record of key {keys[3]} (it was in progress)"]
+    assert len(again.stderr.splitlines()) == 3
+    assert all(item(ddb_client, table, key) is None for key in keys)
+
+
 def test_purge_deletes_nothing_that_changed_since_it_was_read(layer_env, store, ddb_client, table):
     claim(store, "orders#racy", claim_s=-60)  # an expired claim: purge takes it without --force
 

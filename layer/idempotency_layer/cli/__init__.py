@@ -172,13 +172,30 @@ def _show(args: Any, store: Any, keys: list[str]) -> int:
 
 
 def _purge(args: Any, store: Any, keys: list[str]) -> int:
+    """Every key is tried, whatever became of the ones before it (an event's records: one may have none, one be
+    live): each deleted one is said on stdout, each other on stderr; exit 1 unless every one was deleted."""
+    from ..dynamodb import DynamoDBError
+    from ..errors import IdempotencyError
     from .output import emit
-    from .records import purge
+    from .records import Missing, Refused, purge
 
-    deleted = [purge(store, key, yes=args.yes, force=args.force) for key in keys]
-    emit({"table": store.table, "deleted": deleted}, args.json,
+    deleted: list[dict[str, Any]] = []
+    missing: list[str] = []
+    refused: list[dict[str, str]] = []
+    for key in keys:
+        try:
+            deleted.append(purge(store, key, yes=args.yes, force=args.force))
+        except Missing:
+            missing.append(key)
+        except (Refused, IdempotencyError, DynamoDBError) as error:
+            refused.append({"key": key, "reason": str(error)})
+    emit({"table": store.table, "deleted": deleted, "missing": missing, "refused": refused}, args.json,
          lambda found: [f"deleted the record of key {d['key']} (it was {d['was']})" for d in found["deleted"]])
-    return 0
+    for key in missing:
+        _fail(f"no record for key {key!r} in table {store.table!r}: nothing to delete", 1)
+    for entry in refused:
+        _fail(entry["reason"], 1)
+    return 1 if missing or refused else 0
 
 
 def _doctor(args: Any, env: dict[str, str]) -> int:

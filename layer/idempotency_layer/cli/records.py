@@ -20,6 +20,10 @@ class Refused(Exception):
     """The command did not do what was asked, for a reason it states (exit status 1)."""
 
 
+class Missing(Refused):
+    """No record for the key."""
+
+
 def state(record: Record, now: float) -> str:
     """The record as the layer's next copy of the key would judge it."""
     if record.is_expired(now):
@@ -136,7 +140,7 @@ def get(store: DynamoDBStore, key: str) -> Record | None:
 def read(store: DynamoDBStore, key: str) -> Record:
     record = get(store, key)
     if record is None:
-        raise Refused(f"no record for key {key!r} in table {store.table!r}")
+        raise Missing(f"no record for key {key!r} in table {store.table!r}")
     return record
 
 
