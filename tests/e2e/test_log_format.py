@@ -30,3 +30,22 @@ def test_missing_key_warning_is_one_json_object_a_line(primary: str, make_env: A
         assert WARNING in entry["message"] and "'orderId'" in entry["message"]
         assert entry["requestId"]  # the runtime's formatter: the record went through its handler
     assert entries[0]["requestId"] != entries[1]["requestId"]
+
+
+def test_botocore_debug_lines_of_the_layers_calls_never_reach_the_log(primary: str, make_env: Any, table: str,
+                                                                       executions: Executions) -> None:
+    """Issue 28: with AWS_LAMBDA_LOG_LEVEL=DEBUG and IDEMPOTENCY_TRANSPORT=boto3, botocore's own DEBUG lines put
+    the stored result (the completion's request body, a replay's answer) in the function's log. The function's
+    own boto3 calls keep theirs."""
+    env = make_env(primary, table, {"AWS_LAMBDA_LOG_LEVEL": "DEBUG", "IDEMPOTENCY_TRANSPORT": "boto3",
+                                    "IDEMPOTENCY_KEY_JMESPATH": "marker"})
+    mark = marker()
+    card = f"card-4111-{mark[:12]}"
+    event = {"marker": mark, "action": "own_call", "card": card}
+    first = env.invoke(event)
+    assert first.error_type is None, first.body
+    assert env.invoke(event).body == first.body  # a replay: the record, result and all, came back from the table
+    assert executions.count(mark) == 1
+    logs = env.logs()
+    assert "botocore" in logs and f"own-call-{mark}" in logs  # DEBUG was on, and the function's call logged
+    assert card not in logs

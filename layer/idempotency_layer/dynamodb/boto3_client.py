@@ -59,6 +59,7 @@ class Boto3Transport:
         # would look taken) and makes a body it cannot parse an error's message: both are refused before it
         # parses them, through the client's public `before-parse` event.
         self.client.meta.events.register(f"before-parse.{_SERVICE}", _refuse_unreadable)
+        _QUIET.attach()
 
     def call(self, operation: str, params: dict, deadline: Deadline | None = None) -> dict:
         if deadline is not None and deadline.left() < self._worst_case:
@@ -71,6 +72,7 @@ class Boto3Transport:
             from botocore import xform_name
 
             method = self._methods[operation] = getattr(self.client, xform_name(operation))
+        _QUIET.on()
         try:
             return method(**params)
         except self._client_error as error:
@@ -92,6 +94,52 @@ class Boto3Transport:
         except Exception as error:  # botocore tripped on an answer (e.g. an x-amz-crc32 that is no integer)
             raise DynamoDBError(operation, type(error).__name__, "the answer could not be read",
                                 uncertain=True) from error
+        finally:
+            _QUIET.off()
+
+
+class _Quiet:
+    """Drops the log records botocore and urllib3 write while this thread makes one of the layer's calls: at DEBUG
+    (AWS_LAMBDA_LOG_LEVEL=DEBUG sets the root logger's level) botocore logs each request's body and each answer's,
+    a stored result among them, and the layer's logs never carry event or result content. A logger's filter sees
+    only its own records, so it goes on each of their loggers; a call of the function's own boto3 clients, on any
+    thread, is logged as before."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._local = threading.local()
+        self._attached: set[str] = set()
+
+    def on(self) -> None:
+        self._local.active = True
+
+    def off(self) -> None:
+        self._local.active = False
+
+    def filter(self, record: object) -> bool:
+        return not getattr(self._local, "active", False)
+
+    def attach(self) -> None:
+        """On every botocore, boto3 and urllib3 logger there is, and on those of the modules a call may import
+        only when it first runs (a logger is the same object whether its module or this makes it first)."""
+        import logging
+
+        for name in [*_LATE_LOGGERS, *logging.Logger.manager.loggerDict]:
+            if name not in self._attached and name.split(".")[0] in ("botocore", "boto3", "urllib3", "s3transfer"):
+                logging.getLogger(name).addFilter(self)
+                self._attached.add(name)
+
+
+_LATE_LOGGERS = ("botocore.endpoint", "botocore.parsers", "botocore.hooks", "botocore.auth", "botocore.retryhandler",
+                 "botocore.retries.standard", "botocore.retries.adaptive", "botocore.retries.special",
+                 "botocore.httpsession", "botocore.awsrequest", "botocore.httpchecksum", "botocore.response",
+                 "botocore.credentials", "botocore.utils", "botocore.client", "botocore.regions",
+                 "botocore.endpoint_provider", "urllib3.connectionpool", "urllib3.connection", "urllib3.response",
+                 "urllib3.util.retry")
+
+
+_QUIET = _Quiet()
 
 
 def _within(deadline: Deadline, operation: str, call: Any) -> dict:
