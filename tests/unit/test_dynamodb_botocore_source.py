@@ -208,3 +208,74 @@ def test_tcp_keepalive_is_botocores_setting(aws_env):
     assert from_botocore().tcp_keepalive is False
     aws_env.setenv("BOTOCORE_TCP_KEEPALIVE", "true")
     assert from_botocore().tcp_keepalive is True
+
+
+# -- every Region botocore knows, every variant (issue 28) ------------------------------------------------------
+
+def _partitions() -> list[dict]:
+    import botocore.session
+
+    return botocore.session.Session().get_component("data_loader").load_data("partitions")["partitions"]
+
+
+REGIONS = sorted(region for partition in _partitions() for region in partition["regions"]
+                 if not region.endswith("-global"))  # aws-global and the like name a partition, not a Region
+VARIANTS = [{}, {"AWS_USE_FIPS_ENDPOINT": "true"}, {"AWS_USE_DUALSTACK_ENDPOINT": "true"},
+            {"AWS_USE_FIPS_ENDPOINT": "true", "AWS_USE_DUALSTACK_ENDPOINT": "true"}]
+ACCOUNTS = [{}, {"AWS_ACCOUNT_ID": "123456789012"},
+            {"AWS_ACCOUNT_ID": "123456789012", "AWS_ACCOUNT_ID_ENDPOINT_MODE": "preferred"},
+            {"AWS_ACCOUNT_ID": "123456789012", "AWS_ACCOUNT_ID_ENDPOINT_MODE": "required"},
+            {"AWS_ACCOUNT_ID": "123456789012", "AWS_ACCOUNT_ID_ENDPOINT_MODE": "disabled"},
+            {"AWS_ACCOUNT_ID_ENDPOINT_MODE": "required"}]
+
+
+def _sent_by_boto3(loader) -> str:
+    """Where a boto3 client made in this environment really sends a request: the URL of the signed request, just
+    before it would go on the wire."""
+    import boto3
+    import botocore.session
+
+    core = botocore.session.Session()
+    core.register_component("data_loader", loader)
+    client = boto3.session.Session(botocore_session=core).client("dynamodb")
+
+    def stop(request, **kwargs):
+        raise Sent(request.url)
+
+    client.meta.events.register("before-send", stop)
+    with pytest.raises(Sent) as sent:
+        client.get_item(TableName="t", Key={"id": {"S": "k"}})
+    return sent.value.args[0].rstrip("/")
+
+
+@pytest.mark.parametrize("region", REGIONS)
+def test_every_region_and_variant_goes_where_a_boto3_client_sends(aws_env, region):
+    """Issue 28: GovCloud with FIPS, the ISO partitions with dual-stack and AWS_ACCOUNT_ID_ENDPOINT_MODE=required
+    went elsewhere than boto3 (or failed init) on the botocore path."""
+    import botocore.session
+
+    loader = botocore.session.Session().get_component("data_loader")
+    aws_env.setenv("AWS_DEFAULT_REGION", region)
+    compared = 0
+    for variant in VARIANTS:
+        for account in ACCOUNTS:
+            for name in ("AWS_USE_FIPS_ENDPOINT", "AWS_USE_DUALSTACK_ENDPOINT", "AWS_ACCOUNT_ID",
+                         "AWS_ACCOUNT_ID_ENDPOINT_MODE"):
+                aws_env.delenv(name, raising=False)
+            for name, value in {**variant, **account}.items():
+                aws_env.setenv(name, value)
+            try:
+                expected: str | type[Exception] = _sent_by_boto3(loader)
+            except Exception as error:  # boto3 cannot send from here (no such variant): nor may we
+                expected = type(error)
+            session = botocore.session.Session()
+            session.register_component("data_loader", loader)
+            if isinstance(expected, str):
+                assert from_botocore(session).endpoint == expected, (variant, account)
+                plain = plain_lambda(os.environ)
+                assert plain is None or plain.endpoint == expected, (variant, account)
+            else:
+                with pytest.raises(Exception):  # noqa: B017 - whatever botocore raises for it
+                    from_botocore(session)
+            compared += 1
+    assert compared == len(VARIANTS) * len(ACCOUNTS)

@@ -1,10 +1,10 @@
 """Every environment but the plain Lambda one: botocore says where requests go and as whom.
 
 Through public botocore APIs only: a session's credential provider chain (SnapStart's container credentials,
-web identity, profiles, ...), region and CA bundle settings; a DynamoDB client's resolved endpoint URL and
-config (configured endpoint URLs, FIPS, dual-stack, other partitions); botocore's endpoint rule set for
-account-based endpoints; its reading of the proxy variables. The requests themselves go through the same client
-and attempt loop as the plain case's. Imported only when that case does not apply.
+web identity, profiles, ...), region and CA bundle settings; where a DynamoDB client's requests go, asked of the
+client itself through its `before-call` event (configured endpoint URLs, FIPS, dual-stack, other partitions,
+account-based endpoints); its config and its reading of the proxy variables. The requests themselves go
+through the same client and attempt loop as the plain case's. Imported only when that case does not apply.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 __all__ = ["from_botocore"]
 
 _SERVICE = "dynamodb"
-_API_VERSION = "2012-08-10"
 
 
 def resolve_region(session: Session) -> str | None:
@@ -31,30 +30,28 @@ def resolve_region(session: Session) -> str | None:
     return session.get_config_variable("region") or os.environ.get("AWS_REGION") or None
 
 
-def regional_endpoint(session: Session, region: str, account_id: str | None = None) -> str:
-    """DynamoDB's endpoint for `region` from botocore's endpoint rule set (partitions, FIPS, dual-stack,
-    account-based endpoints)."""
-    from botocore.endpoint_provider import EndpointProvider
-    from botocore.exceptions import DataNotFoundError
-    from botocore.utils import ensure_boolean
+def sent_to(client: Any) -> str:
+    """The endpoint URL a request of `client` goes to, as the client itself resolves it for each request (its
+    endpoint rule set with every builtin: the region and partition, FIPS, dual-stack, an account-based endpoint
+    from the credentials' account, a configured endpoint URL): one request made up to botocore's public
+    `before-call` event and answered there, so nothing is signed or sent."""
+    from botocore.awsrequest import AWSResponse
 
-    loader = session.get_component("data_loader")
-    try:  # by path: finding the latest API version lists every service's directory (~10 ms)
-        ruleset = loader.load_data(f"{_SERVICE}/{_API_VERSION}/endpoint-rule-set-1")
-    except DataNotFoundError:  # pragma: no cover - a botocore that moved its data
-        ruleset = loader.load_service_model(_SERVICE, "endpoint-rule-set-1")
-    provider = EndpointProvider(ruleset_data=ruleset, partition_data=loader.load_data("partitions"))
-    params: dict[str, Any] = {
-        "Region": region,
-        "UseFIPS": ensure_boolean(session.get_config_variable("use_fips_endpoint") or False),
-        "UseDualStack": ensure_boolean(session.get_config_variable("use_dualstack_endpoint") or False),
-    }
-    mode = session.get_config_variable("account_id_endpoint_mode")
-    if mode:
-        params["AccountIdEndpointMode"] = mode
-        if account_id and mode != "disabled":
-            params["AccountId"] = account_id
-    return provider.resolve_endpoint(**params).url
+    seen: list[str] = []
+
+    def answer(params: dict, **_: Any) -> tuple[Any, dict]:
+        seen.append(params["url"])
+        return AWSResponse(params["url"], 200, {}, None), {}
+
+    event = f"before-call.{_SERVICE}.GetItem"
+    client.meta.events.register_first(event, answer, unique_id="idempotency-layer-endpoint")
+    try:
+        client.get_item(TableName="idempotency-layer-endpoint", Key={"id": {"S": "endpoint"}})
+    finally:
+        client.meta.events.unregister(event, unique_id="idempotency-layer-endpoint")
+    url = seen[0]
+    # The request's URL is the endpoint and the operation's path ("/"): the endpoint is the URL without it.
+    return url[:-1] if url.endswith("/") else url
 
 
 def from_botocore(session: Session | None = None) -> Target:
@@ -71,18 +68,11 @@ def from_botocore(session: Session | None = None) -> Target:
     region = resolve_region(session)
     if not region:
         raise NoRegionError()
-    # A client resolves the endpoint as boto3's would: configured endpoint URLs (variables, the config file's
-    # services section), FIPS and dual-stack variants, other partitions. Its URL is the regional one when
-    # nothing was configured; then the rule set decides, as a client does per request, since an account-based
-    # endpoint depends on the credentials' account.
+    # A boto3-style client in this environment, asked where its requests go: configured endpoint URLs (variables,
+    # the config file's services section), FIPS and dual-stack variants, other partitions, account-based
+    # endpoints. (Its `meta.endpoint_url` is not always that: the rule set decides per request.)
     client = session.create_client(_SERVICE, region_name=region)
-    endpoint = client.meta.endpoint_url
-    if endpoint == regional_endpoint(session, region):
-        account_id = None
-        if provider is not None:
-            account_id = getattr(provider.get_frozen_credentials(), "account_id", None)
-        if account_id:
-            endpoint = regional_endpoint(session, region, account_id)
+    endpoint = sent_to(client)
     if not (is_valid_endpoint_url(endpoint) or is_valid_ipv6_endpoint_url(endpoint)):
         raise ValueError(f"Invalid endpoint: {endpoint}")
     config = client.meta.config
