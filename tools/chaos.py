@@ -22,7 +22,18 @@ attempt) and from what callers were answered, never from the layer's logs:
 
 A share of the keys (`overrun`) run past the function's timeout on their first execution, with a duplicate
 whose caller keeps resending it (0.1 s to 2 s apart) while the claim is live, so the claim is taken over
-soon after it ends, where clock skew matters.
+soon after it ends, where clock skew matters; another share (`slow`) works seconds on every execution.
+
+`--batch sqs|kafka` delivers the copies as messages in batches (SQS-shaped, or Amazon MSK-shaped over two
+partitions), each record claimed by the layer on its own; what a batch's answer reports, and every record of a
+batch that failed whole, comes back in a later batch. `--purge F` has an operator purge a share of the keys once a
+copy succeeded (with the CLI's own code) and send one more copy, which must run again (stale: it did not); the
+environments then keep a local cache, which the purge must reach. Runs after a purge are judged on their own.
+
+Every run after a key's first is a double, an early re-run (both fail the soak) or a documented crash-window
+re-run (after a kill or an overrun, once that run's claim could have ended), reported apart. An answer the soak
+does not expect (`Runtime.ExitError` among them) fails it too: an environment is killed as one (the emulator
+stopped first), so no such answer is the kill's own doing.
 
 `--compare-persistence` runs the soak twice at a high fault rate: with the built layer, and with a copy of it
 whose completion write is not retried (COMPLETE_MARGIN_MS made huge, so its first failure gives up).
@@ -76,6 +87,10 @@ PROGRESS_EVERY_S = 15.0
 # Slack for the early-rerun check: the handler reads its clock after its claim, and the soak's send time is
 # before the emulator sets the deadline, so both err on the lenient side already; this covers clock reads.
 EARLY_SLACK_S = 0.05
+# Batch mode: the queue, and the MSK cluster and topic (two partitions) the messages come from.
+QUEUE_ARN = "arn:aws:sqs:us-east-1:123456789012:chaos"
+CLUSTER_ARN = "arn:aws:kafka:us-east-1:123456789012:cluster/chaos/0b1f6e5a-11aa-4f2b-9c3d-5e6f7a8b9c0d-1"
+TOPIC = "orders"
 # The claim margin docs/reliability.md promises (Clocks), written here rather than read from the layer: a change to the
 # layer's constant is then caught by the soak, not followed by it.
 CLAIM_MARGIN_S = 1.0
@@ -103,16 +118,34 @@ class Settings:
     skew_s: float = 0.0
     # Fraction of keys whose first execution works past the function's timeout (the emulator stops it).
     overrun: float = 0.01
+    # Fraction of keys whose handler works seconds on every execution (1 s to 2 s short of the timeout: well inside
+    # it, as the README asks, so a cold start and a latency spike still leave the completion its time), so kills
+    # land in long work and duplicates meet long claims.
+    slow: float = 0.03
     python: str | None = None  # the runtime's Python version; default 3.12 when found
+    # None: every copy is a whole event. "sqs" or "kafka": copies are messages, delivered in batches of 1 to
+    # `batch_size` (SQS-shaped, or Amazon MSK-shaped over two partitions), each record claimed on its own; the
+    # records a batch's answer reports failed, and every record of a batch that failed whole, come back in later
+    # batches, as the queue or the partition redelivers them.
+    batch: str | None = None
+    batch_size: int = 4
+    # Fraction of keys an operator purges once a copy of theirs succeeded (`idempotency-layer purge`'s own code),
+    # then sends one more copy of, which must run again: once. The environments keep a local cache, which a purge
+    # must reach.
+    purge: float = 0.0
 
     def check(self) -> None:
-        for name in ("duplicates", "fault_rate", "kill_rate", "overrun"):
+        for name in ("duplicates", "fault_rate", "kill_rate", "overrun", "slow"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} is a fraction between 0 and 1, not {getattr(self, name)}")
         if self.duplicates >= 1 or self.invocations < 1 or self.environments < 1 or self.attempts < 1:
             raise ValueError("need invocations >= 1, duplicates < 1, environments >= 1 and attempts >= 1")
         if self.timeout < 2:
             raise ValueError("the timeout must leave the handler and the layer room: at least 2 s")
+        if self.batch not in (None, "sqs", "kafka") or not 1 <= self.batch_size <= 10:
+            raise ValueError("batch is sqs or kafka, of 1 to 10 records")
+        if not 0 <= self.purge <= 1:
+            raise ValueError(f"purge is a fraction between 0 and 1, not {self.purge}")
         unknown = set(self.faults) - set(KINDS)
         if unknown or not self.faults:
             raise ValueError(f"fault kinds are some of {', '.join(KINDS)}, not {sorted(unknown) or 'none'}")
@@ -125,12 +158,13 @@ class Copy:
     key: str
     index: int  # 0: the key's first copy
     attempts: int = 0
+    after_purge: bool = False  # sent once its key was purged: it must run again
 
 
 @dataclass
 class Attempt:
     id: str
-    key: str
+    key: str  # the copy's key; in batch mode "batch", its keys in `keys`
     started: float
     ended: float = 0.0
     outcome: str = ""  # ok, in_progress, store, claim_conflict, killed, timeout, connection, unexpected:<what>
@@ -138,6 +172,9 @@ class Attempt:
     killed: bool = False  # SIGKILLed before its answer came
     skewed: bool = False  # sent to an environment whose clock runs ahead
     sent_at: float = 0.0  # time.time() when sent, by the soak's own clock
+    kill_sent: bool = False  # a kill was sent while it ran (before its answer, or racing it)
+    environment: int = 0  # the serial of the environment it was sent to (its log: logs/env-<serial>.log)
+    keys: tuple[str, ...] = ()  # every key it carried (a batch's records; a whole event's one key)
 
 
 def faketime_library() -> str:
@@ -155,8 +192,96 @@ def record_id(key: str) -> str:
 
 
 def overruns(settings: Settings, key: str) -> bool:
-    """Whether `key`'s first execution works past the function's timeout."""
-    return random.Random(f"{settings.seed}:overrun:{key}").random() < settings.overrun
+    """Whether `key`'s first execution works past the function's timeout (whole events only)."""
+    return settings.batch is None and random.Random(f"{settings.seed}:overrun:{key}").random() < settings.overrun
+
+
+def work_ms(settings: Settings, key: str) -> int:
+    """How long `key`'s handler works after its side effect: seconds for a slow key, else `work_ms`."""
+    rng = random.Random(f"{settings.seed}:slow:{key}")
+    if rng.random() < settings.slow and not overruns(settings, key):
+        return int(rng.uniform(1.0, max(1.0, settings.timeout - 2.0)) * 1000)
+    return settings.work_ms
+
+
+def message_id(key: str) -> str:
+    return f"msg-{key}"
+
+
+def kafka_position(key: str) -> tuple[int, int]:
+    """The partition and offset of `key`'s message: two partitions, offsets rising with the key."""
+    n = int(key[1:])
+    return n % 2, n // 2
+
+
+def stored_id(settings: Settings, key: str) -> str:
+    """The layer's record key for `key`'s copies: the whole event's key expression (`key`), or a batch record's
+    delivery identity (its messageId; its cluster, topic, partition and offset)."""
+    if settings.batch == "sqs":
+        return record_id(message_id(key))
+    if settings.batch == "kafka":
+        return record_id([CLUSTER_ARN, TOPIC, *kafka_position(key)])
+    return record_id(key)
+
+
+def payload(key: str) -> dict[str, Any]:
+    return {"key": key, "amount": int(key[1:]) % 997}
+
+
+def batch_event(settings: Settings, copies: list[Copy], attempt: str, receives: Counter[str]) -> dict[str, Any]:
+    """One delivery of `copies` as Lambda's SQS or Amazon MSK event source mapping sends it; `receives` counts each
+    message's deliveries so far (SQS's ApproximateReceiveCount). `attempt` names the delivery for the handler's
+    lines."""
+    import base64
+    import uuid
+
+    now = int(time.time() * 1000)
+
+    def body(copy: Copy) -> str:
+        return json.dumps({"key": copy.key, "payload": payload(copy.key), "work_ms": work_ms(settings, copy.key)})
+
+    if settings.batch == "sqs":
+        records = []
+        for copy in copies:
+            receives[copy.key] += 1
+            text = body(copy)
+            records.append({
+                "messageId": message_id(copy.key), "receiptHandle": uuid.uuid4().hex, "body": text,
+                "attributes": {"ApproximateReceiveCount": str(receives[copy.key]), "SentTimestamp": str(now),
+                               "SenderId": "AIDAIENQZJOLO23YVJ4VO", "ApproximateFirstReceiveTimestamp": str(now)},
+                "messageAttributes": {}, "md5OfBody": hashlib.md5(text.encode()).hexdigest(),
+                "eventSource": "aws:sqs", "eventSourceARN": QUEUE_ARN, "awsRegion": "us-east-1"})
+        return {"Records": records, "attempt": attempt}
+    lists: dict[str, list[dict[str, Any]]] = {}
+    for copy in sorted(copies, key=lambda c: kafka_position(c.key)[::-1]):
+        partition, offset = kafka_position(copy.key)
+        lists.setdefault(f"{TOPIC}-{partition}", []).append({
+            "topic": TOPIC, "partition": partition, "offset": offset, "timestamp": now,
+            "timestampType": "CREATE_TIME", "key": base64.b64encode(copy.key.encode()).decode(),
+            "value": base64.b64encode(body(copy).encode()).decode(), "headers": []})
+    return {"eventSource": "aws:kafka", "eventSourceArn": CLUSTER_ARN,
+            "bootstrapServers": "b-1.chaos.kafka.us-east-1.amazonaws.com:9098", "records": lists, "attempt": attempt}
+
+
+def batch_failures(settings: Settings, value: Any, copies: list[Copy]) -> set[str] | None:
+    """The keys of `copies` a batch's answer says must come back (a partial batch response), or None when the
+    answer is not one (the whole batch comes back)."""
+    if value is None:
+        return set()
+    items = value.get("batchItemFailures") if isinstance(value, dict) else None
+    if not isinstance(items, list):
+        return None
+    failed: set[str] = set()
+    for item in items:
+        identifier = item.get("itemIdentifier") if isinstance(item, dict) else None
+        for copy in copies:
+            if settings.batch == "sqs" and identifier == message_id(copy.key):
+                failed.add(copy.key)
+            elif settings.batch == "kafka" and isinstance(identifier, dict):
+                partition, offset = kafka_position(copy.key)  # that partition comes back from that offset on
+                if identifier.get("partition") == f"{TOPIC}-{partition}" and offset >= identifier.get("offset", 0):
+                    failed.add(copy.key)
+    return failed
 
 
 def plan(settings: Settings) -> list[Copy]:
@@ -204,6 +329,24 @@ class Schedule:
                 self._cond.wait(self._resends[0][0] - now if self._resends else None)
             return None
 
+    def take_more(self, n: int) -> list[Copy]:
+        """Up to `n` more copies that are due now, without waiting (the rest of a batch)."""
+        found: list[Copy] = []
+        with self._cond:
+            now = time.monotonic()
+            while len(found) < n and self._resends and self._resends[0][0] <= now:
+                found.append(heapq.heappop(self._resends)[2])
+            while len(found) < n and self._fresh:
+                found.append(self._fresh.popleft())
+        return found
+
+    def add(self, copy: Copy) -> None:
+        """One more copy to settle, due now (the copy an operator sends after a purge)."""
+        with self._cond:
+            self._open += 1
+            heapq.heappush(self._resends, (time.monotonic(), next(self._order), copy))
+            self._cond.notify()
+
     def resend(self, copy: Copy, delay: float) -> None:
         with self._cond:
             heapq.heappush(self._resends, (time.monotonic() + delay, next(self._order), copy))
@@ -236,10 +379,16 @@ class _Guard:
 
 
 def kill(env: LambdaEnvironment) -> None:
-    """SIGKILL every process of the environment (RIE and the runtime share the session RIE's start made)."""
+    """Kill the environment as one, as Lambda loses a sandbox: the emulator is stopped first (SIGSTOP: from then on
+    it answers nothing), then every process of its session (RIE and the runtime share the one RIE's start made) is
+    SIGKILLed. Killed one at a time, the runtime could die first and the emulator, still running, answer
+    `Runtime.ExitError` for the invocation, which the soak then read as the invocation's own end (issue 28: one
+    double, in one of three runs of seed 1)."""
     process = env.process
     if process is None:
         return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(process.pid, signal.SIGSTOP)
     for pid in _session_members(process.pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -268,6 +417,13 @@ class Soak:
         self.outcomes: Counter[str] = Counter()
         self.kills = Counter[str]()
         self.lost: list[Copy] = []
+        self.receives = Counter[str]()  # each message's deliveries (batch mode)
+        self.purged: dict[str, float] = {}  # key -> when (time.time()) its record was purged
+        self.purges_refused = 0
+        self._store: Any = None  # the operator's, for purges
+        self.first_sent: dict[str, float] = {}  # key -> the monotonic time its first copy was sent
+        self.first_ok: dict[str, float] = {}  # key -> the monotonic time a copy of it first succeeded
+        self._batches = itertools.count(1)
         self._envs = itertools.count(1)
         self._live: set[LambdaEnvironment] = set()  # started and not yet stopped, so an abort stops them all
         self._closing = False
@@ -338,6 +494,12 @@ class Soak:
         variables = {**CREDENTIALS, "AWS_ENDPOINT_URL_DYNAMODB": self.proxy.endpoint, "IDEMPOTENCY_TABLE": self.table,
                      "IDEMPOTENCY_KEY_JMESPATH": "key", "IDEMPOTENCY_PAYLOAD_JMESPATH": "payload",
                      "CHAOS_RUNS_FILE": str(self.runs_file)}
+        if s.batch is not None:  # each record keyed by its delivery identity, its payload fingerprinted
+            del variables["IDEMPOTENCY_KEY_JMESPATH"]
+            variables["IDEMPOTENCY_PAYLOAD_JMESPATH"] = ("json_parse(body).payload" if s.batch == "sqs"
+                                                         else "json_parse(base64_decode(value)).payload")
+        if s.purge:
+            variables["IDEMPOTENCY_LOCAL_CACHE_SIZE"] = "256"  # a purge must reach it
         skewed = bool(s.skew_s) and serial % 2 == 1
         if skewed:
             variables.update(LD_PRELOAD=faketime_library(), FAKETIME=f"{s.skew_s:+.3f}")
@@ -346,6 +508,7 @@ class Soak:
             timeout=s.timeout, function_name=FUNCTION, log_path=self.logs / f"env-{serial}.log", env=variables,
         )
         env.skewed = skewed
+        env.serial = serial
         with self._lock:
             if self._closing:
                 raise RuntimeError("the soak is closing: no new environment")
@@ -369,7 +532,7 @@ class Soak:
         # `attempt` differs per delivery, as a redelivered message's receipt handle does; it is neither key
         # nor payload, so every copy is the same operation with the same payload.
         event = {"key": copy.key, "payload": {"key": copy.key, "amount": int(copy.key[1:]) % 997},
-                 "work_ms": self.settings.work_ms, "attempt": attempt}
+                 "work_ms": work_ms(self.settings, copy.key), "attempt": attempt}
         if overruns(self.settings, copy.key):
             event["overrun"] = True
         return event
@@ -386,6 +549,60 @@ class Soak:
     def lose(self, copy: Copy) -> None:
         with self._lock:
             self.lost.append(copy)
+
+    def sent(self, key: str, at: float) -> None:
+        with self._lock:
+            self.first_sent.setdefault(key, at)
+
+    def succeeded(self, copy: Copy, at: float) -> None:
+        """A copy of `copy.key` succeeded: the first one of a key chosen for purging has its record purged, and one
+        more copy follows, which must run again."""
+        with self._lock:
+            self.first_ok.setdefault(copy.key, at)
+            purge = (not copy.after_purge and copy.key not in self.purged
+                     and random.Random(f"{self.settings.seed}:purge:{copy.key}").random() < self.settings.purge)
+            if purge:
+                self.purged[copy.key] = 0.0  # claimed by this caller
+        if purge:
+            self._purge(copy.key)
+
+    def _purge(self, key: str) -> None:
+        """`idempotency-layer purge KEY --yes`, with its own code, against DynamoDB Local directly (an operator's
+        requests do not cross the function's faults); a live claim is waited out, as an operator would."""
+        from idempotency_layer.cli.records import Missing, Refused, purge
+
+        for _ in range(20):
+            try:
+                purge(self._operator_store(), stored_id(self.settings, key), yes=True, force=False)
+            except Missing:
+                break  # nothing to purge (it expired): nothing to run again either
+            except Refused:
+                time.sleep(0.5)
+                continue
+            with self._lock:
+                self.purged[key] = time.time()
+            self.schedule.add(Copy(key, -1, after_purge=True))
+            return
+        with self._lock:
+            del self.purged[key]
+            self.purges_refused += 1
+
+    def _operator_store(self) -> Any:
+        with self._lock:
+            if self._store is None:
+                self._store = self._new_operator_store()
+            return self._store
+
+    def _new_operator_store(self) -> Any:
+        from idempotency_layer.config import Attributes
+        from idempotency_layer.dynamodb.client import Client
+        from idempotency_layer.dynamodb.target import Credentials, Target
+        from idempotency_layer.store import DynamoDBStore
+
+        credentials = Credentials(CREDENTIALS["AWS_ACCESS_KEY_ID"], CREDENTIALS["AWS_SECRET_ACCESS_KEY"], None)
+        target = Target(self.dynamodb_endpoint, CREDENTIALS["AWS_REGION"], lambda: credentials)
+        return DynamoDBStore(Client(target, connect_timeout=2, read_timeout=5, max_attempts=3), self.table,
+                             Attributes())
 
     # -- the verdict ----------------------------------------------------------------------------------------
 
@@ -429,54 +646,66 @@ class Soak:
         runs = self._runs()
         attempts = self.attempts
         stuck, live_at_end = self._stuck(client)
+        # A key whose every copy ran out of attempts leaves its last claim behind: that is the loss, counted once.
+        lost_ids = {stored_id(s, copy.key) for copy in self.lost}
+        stuck = [i for i in stuck if i not in lost_ids]
         records = self._records(client)
 
+        def skew(run: Mapping[str, Any]) -> float:
+            attempt = attempts.get(run.get("attempt") or "")
+            return s.skew_s if attempt is not None and attempt.skewed else 0.0
+
+        # A purge starts a key anew: its runs after the purge are judged on their own ("<key>+purged").
         runs_of: dict[str, list[dict[str, Any]]] = {}
         for run in runs:
-            runs_of.setdefault(run["key"], []).append(run)
+            purged_at = self.purged.get(run["key"])
+            after = bool(purged_at) and run["clock"] - skew(run) > purged_at
+            runs_of.setdefault(run["key"] + ("+purged" if after else ""), []).append(run)
 
-        doubles, early = verdict(runs_of, attempts, timeout=s.timeout, skew_s=s.skew_s,
-                                 overruns=lambda key: overruns(s, key))
+        def overran(key: str) -> bool:
+            return "+" not in key and overruns(s, key)
+
+        doubles, early = verdict(runs_of, attempts, timeout=s.timeout, skew_s=s.skew_s, overruns=overran)
+        windowed = windowed_reruns(runs_of, attempts, timeout=s.timeout, skew_s=s.skew_s, overruns=overran)
+        # A key purged whose copy after the purge did not run again: the purge did not take (a replay from a cache).
+        stale = sorted(key for key, at in self.purged.items() if at and f"{key}+purged" not in runs_of)
 
         reruns = sum(len(found) - 1 for found in runs_of.values() if len(found) > 1)
         killed_after_effect = sum(1 for run in runs if (a := attempts.get(run.get("attempt") or "")) and a.killed)
         timed_out_after_effect = sum(1 for run in runs
                                      if (a := attempts.get(run.get("attempt") or "")) and a.outcome == "timeout")
 
-        answers: dict[str, set[bytes]] = {}
-        first_success: dict[str, float] = {}
-        first_attempt: dict[str, float] = {}
-        touched: set[str] = set()  # keys a kill or a timeout reached
+        touched = {key for a in attempts.values() if a.killed or a.outcome == "timeout" for key in a.keys}
+        epoch_of = {r["run"]: key for key, found in runs_of.items() for r in found}
+        own = {(r["key"], r["run"], r.get("attempt")) for r in runs}
+        answers: dict[str, set[bytes]] = {}  # per key and epoch: a whole event's answers
         fresh = replays = 0
         for attempt in attempts.values():
-            first_attempt[attempt.key] = min(first_attempt.get(attempt.key, attempt.started), attempt.started)
-            if attempt.killed or attempt.outcome == "timeout":
-                touched.add(attempt.key)
-            if attempt.outcome == "ok" and attempt.body is not None:
-                answers.setdefault(attempt.key, set()).add(attempt.body)
-                first_success[attempt.key] = min(first_success.get(attempt.key, attempt.ended), attempt.ended)
-        run_ids = {key: {r["run"] for r in found} for key, found in runs_of.items()}
-        own = {(r["key"], r["run"], r.get("attempt")) for r in runs}
-        divergent = []
-        for key, bodies in answers.items():
-            values = [json.loads(body) for body in bodies]
-            if len(bodies) > 1 or any(v.get("key") != key or v.get("run") not in run_ids.get(key, ()) for v in values):
-                divergent.append(key)
-        for attempt in attempts.values():
-            if attempt.outcome == "ok" and attempt.body is not None:
+            if s.batch is None and attempt.outcome == "ok" and attempt.body is not None:
                 value = json.loads(attempt.body)
+                answers.setdefault(epoch_of.get(value.get("run"), attempt.key), set()).add(attempt.body)
                 if (attempt.key, value.get("run"), attempt.id) in own:
                     fresh += 1
                 else:
                     replays += 1
+                if ".-1." in attempt.id and epoch_of.get(value.get("run")) != f"{attempt.key}+purged":
+                    stale.append(attempt.key)  # answered after its purge with what ran before it
+        divergent = []
+        for epoch, bodies in answers.items():
+            values = [json.loads(body) for body in bodies]
+            key = epoch.split("+")[0]
+            if len(bodies) > 1 or any(v.get("key") != key or epoch_of.get(v.get("run")) != epoch for v in values):
+                divergent.append(epoch)
+        stale = sorted(set(stale))
 
         def latencies(keys: Iterable[str]) -> dict[str, float | int | None]:
-            values = sorted((first_success[k] - first_attempt[k]) * 1000 for k in keys if k in first_success)
+            values = sorted((self.first_ok[k] - self.first_sent[k]) * 1000 for k in keys
+                            if k in self.first_ok and k in self.first_sent)
             return {"keys": len(values), "p50": percentile(values, 50), "p99": percentile(values, 99),
                     "max": round(values[-1], 1) if values else None}
 
         keys = {copy.key for copy in self.copies}
-        named = {record_id(key): key for key in keys}
+        named = {stored_id(s, key): key for key in keys}
         faults = self.proxy.snapshot()
         figures = {
             "copies": len(self.copies),
@@ -500,10 +729,15 @@ class Soak:
             "environments_started": next(self._envs) - 1,
             "executions": len(runs),
             "re_executions": reruns,
+            "crash_window_reruns": windowed,
             "doubles": len(doubles),
             "early": len(early),
             "overrun_keys": sum(overruns(s, key) for key in keys),
+            "slow_keys": sum(work_ms(s, key) >= 1000 for key in keys),
             "divergent": len(divergent),
+            "purged": sum(1 for at in self.purged.values() if at),
+            "purges_refused": self.purges_refused,
+            "stale": len(stale),
             "lost": len(self.lost),
             "stuck": len(stuck),
             "stuck_claims_live_at_end": live_at_end,
@@ -513,14 +747,34 @@ class Soak:
             "wall_s": round(self.ended - self.started, 1),
             "clock_offset_ms": self._clock_offsets(runs, attempts),
         }
-        failed = [name for name in ("doubles", "early", "divergent", "lost", "stuck") if figures[name]]
+        figures["unexpected"] = sum(n for name, n in self.outcomes.items() if name.startswith("unexpected"))
+        figures["exit_error_answers_of_kills"] = self.kills["exit_error_answers"]
+        failed = [name for name in ("doubles", "early", "divergent", "lost", "stuck", "unexpected", "stale")
+                  if figures[name]]
+        # What happened to each key that failed the verdict: its attempts and runs, and its record, for diagnosis.
+        failing = sorted({*(k.split("+")[0] for k in (*doubles, *early, *divergent)), *stale,
+                          *(c.key for c in self.lost), *(named.get(i, i) for i in stuck),
+                          *(k for a in attempts.values() if a.outcome.startswith("unexpected") for k in a.keys)})[:10]
+        by_id = {stored_id(s, key): key for key in failing}
+        stored = {by_id[item["id"]["S"]]: item for item in records if item["id"]["S"] in by_id}
+        histories = {key: {
+            "attempts": [{"id": a.id, "outcome": a.outcome, "environment": a.environment, "killed": a.killed,
+                          "kill_sent": a.kill_sent, "sent_s": round(a.started - self.started, 3),
+                          "took_s": round(a.ended - a.started, 3)}
+                         for a in sorted(attempts.values(), key=lambda a: a.started) if key in a.keys],
+            "runs": [{"run": r["run"], "attempt": r.get("attempt"), "clock": r.get("clock")}
+                     for r in runs if r["key"] == key],
+            "purged_at": self.purged.get(key),
+            "record": stored.get(key),
+        } for key in failing}
         return {
             "settings": {**asdict(s), "faults": list(s.faults), "spike_ms": list(s.spike_ms)},
             "figures": figures,
             "faults_by_operation": self.proxy.operations(),
             "examples": {"doubles": doubles[:20], "early": early[:20], "divergent": sorted(divergent)[:20],
                          "lost": sorted({c.key for c in self.lost})[:20],
-                         "stuck": sorted(named.get(i, i) for i in stuck)[:20]},
+                         "stuck": sorted(named.get(i, i) for i in stuck)[:20], "stale": stale[:20]},
+            "histories": histories,
             "passed": not failed,
             "failed": failed,
         }
@@ -536,6 +790,33 @@ def _excused(run: Mapping[str, Any], attempts: Mapping[str, Attempt], overran: b
     return attempt.killed or attempt.outcome == "connection" or (attempt.outcome == "timeout" and overran)
 
 
+def _judged(runs_of: Mapping[str, list[dict[str, Any]]], attempts: Mapping[str, Attempt], *, timeout: float,
+            skew_s: float, overruns: Callable[[str], bool], margin_s: float) -> Iterable[tuple[str, str]]:
+    """(key, "double" | "early" | "windowed") for every run after a key's first: a double follows a run that was not
+    excused; an early one follows only excused runs but started before one of them was over, or before its claim
+    could have ended; a windowed one is the documented re-run after a crash (it started after every excused run's
+    deadline plus the margin, less the re-running environment's skew)."""
+
+    def skew(run: Mapping[str, Any]) -> float:
+        attempt = attempts.get(run.get("attempt") or "")
+        return skew_s if attempt is not None and attempt.skewed else 0.0
+
+    def started(run: Mapping[str, Any]) -> float:  # by the soak's clock: the handler's, less its skew
+        return run["clock"] - skew(run)
+
+    for key, found in runs_of.items():
+        ordered = sorted(found, key=started)
+        for i, run in enumerate(ordered[1:], start=1):
+            kinds = set()
+            for j, before in enumerate(ordered[:i]):
+                if not _excused(before, attempts, overran=j == 0 and overruns(key)):
+                    kinds.add("double")
+                elif started(run) < (attempts[before["attempt"]].sent_at + timeout
+                                     + max(0.0, margin_s - skew(run)) - EARLY_SLACK_S):
+                    kinds.add("early")
+            yield key, "double" if "double" in kinds else "early" if "early" in kinds else "windowed"
+
+
 def verdict(runs_of: Mapping[str, list[dict[str, Any]]], attempts: Mapping[str, Attempt], *, timeout: float,
             skew_s: float, overruns: Callable[[str], bool] = lambda key: True,
             margin_s: float = CLAIM_MARGIN_S) -> tuple[list[str], list[str]]:
@@ -546,25 +827,21 @@ def verdict(runs_of: Mapping[str, list[dict[str, Any]]], attempts: Mapping[str, 
     it. A justified re-run is early when it started before an excused run it follows was over (its deadline:
     the soak's send time plus the function's timeout) or before that run's claim could have ended (the
     deadline plus the margin, which a copy whose clock runs `skew_s` ahead sees that much early)."""
-
-    def skew(run: Mapping[str, Any]) -> float:
-        attempt = attempts.get(run.get("attempt") or "")
-        return skew_s if attempt is not None and attempt.skewed else 0.0
-
-    def started(run: Mapping[str, Any]) -> float:  # by the soak's clock: the handler's, less its skew
-        return run["clock"] - skew(run)
-
     doubles, early = set(), set()
-    for key, found in runs_of.items():
-        ordered = sorted(found, key=started)
-        for i, run in enumerate(ordered):
-            for j, before in enumerate(ordered[:i]):
-                if not _excused(before, attempts, overran=j == 0 and overruns(key)):
-                    doubles.add(key)
-                elif started(run) < (attempts[before["attempt"]].sent_at + timeout
-                                     + max(0.0, margin_s - skew(run)) - EARLY_SLACK_S):
-                    early.add(key)
+    for key, kind in _judged(runs_of, attempts, timeout=timeout, skew_s=skew_s, overruns=overruns, margin_s=margin_s):
+        if kind == "double":
+            doubles.add(key)
+        elif kind == "early":
+            early.add(key)
     return sorted(doubles), sorted(early)
+
+
+def windowed_reruns(runs_of: Mapping[str, list[dict[str, Any]]], attempts: Mapping[str, Attempt], *, timeout: float,
+                    skew_s: float, overruns: Callable[[str], bool] = lambda key: True,
+                    margin_s: float = CLAIM_MARGIN_S) -> int:
+    """How many re-runs are the documented ones: after a crash or an overrun, once its claim could have ended."""
+    return sum(kind == "windowed" for _, kind in _judged(runs_of, attempts, timeout=timeout, skew_s=skew_s,
+                                                         overruns=overruns, margin_s=margin_s))
 
 
 class Worker(threading.Thread):
@@ -583,7 +860,11 @@ class Worker(threading.Thread):
         try:
             self.env = self.soak.environment()
             while (copy := self.soak.schedule.take()) is not None:
-                self.send(copy)
+                if self.soak.settings.batch is None:
+                    self.send(copy)
+                else:
+                    more = self.rng.randint(0, self.soak.settings.batch_size - 1)
+                    self.send_batch([copy, *self.soak.schedule.take_more(more)])
         except BaseException as error:
             self.error = error
             self.soak.schedule.abort()
@@ -591,39 +872,89 @@ class Worker(threading.Thread):
             if self.env is not None:
                 self.soak.retire(self.env)
 
-    def send(self, copy: Copy) -> None:
-        s, soak = self.soak.settings, self.soak
-        copy.attempts += 1
-        attempt = Attempt(f"{copy.key}.{copy.index}.{copy.attempts}", copy.key, time.monotonic(),
-                          skewed=getattr(self.env, "skewed", False), sent_at=time.time())
+    def _kill_after(self) -> float | None:
+        """When to kill the next invocation, or None."""
+        s = self.soak.settings
         if self.rng.random() < s.kill_rate:
             self.kills_owed += 1
-        kill_after = None
-        if self.kills_owed:
-            # Somewhere within a typical invocation of this environment, so most kills land mid-invocation;
-            # one that comes too late is owed to the next invocation, so the kill rate holds.
-            recent = sorted(self.durations) or [s.kill_window_ms / 1000]
-            kill_after = self.rng.uniform(0, recent[len(recent) // 2])
-        answer, attempt.killed = self.invoke(soak.event(copy, attempt.id), kill_after)
-        attempt.ended = time.monotonic()
-        if attempt.killed:
-            self.kills_owed -= 1
-        attempt.outcome = outcome(answer, attempt.killed, copy.key)
-        if answer is not None and attempt.outcome == "ok":
-            attempt.body = answer.body
-        soak.record(attempt)
-        if attempt.outcome == "ok":
-            self.durations.append(attempt.ended - attempt.started)
+        if not self.kills_owed:
+            return None
+        # Somewhere within a typical invocation of this environment, so most kills land mid-invocation; one that
+        # comes too late is owed to the next invocation, so the kill rate holds.
+        recent = sorted(self.durations) or [s.kill_window_ms / 1000]
+        return self.rng.uniform(0, recent[len(recent) // 2])
+
+    def _attempt(self, name: str, keys: tuple[str, ...]) -> Attempt:
+        for key in keys:
+            self.soak.sent(key, time.monotonic())
+        return Attempt(name, keys[0] if len(keys) == 1 and self.soak.settings.batch is None else "batch",
+                       time.monotonic(), skewed=getattr(self.env, "skewed", False), sent_at=time.time(),
+                       environment=getattr(self.env, "serial", 0), keys=keys)
+
+    def _settle(self, copy: Copy, ok: bool) -> None:
+        """`copy`'s fate after an attempt: settled once it succeeded, lost once its attempts are spent, else resent
+        after a backoff."""
+        soak = self.soak
+        if ok:
             soak.schedule.settle()
-        elif copy.attempts >= s.attempts:
+            soak.succeeded(copy, time.monotonic())
+        elif copy.attempts >= soak.settings.attempts:
             soak.lose(copy)
             soak.schedule.settle()
         else:
             delay = min(FIRST_RESEND_S * 2 ** (copy.attempts - 1), LAST_RESEND_S) * self.rng.uniform(0.5, 1)
             soak.schedule.resend(copy, delay)
 
-    def invoke(self, event: dict[str, Any], kill_after: float | None) -> tuple[Invocation | None, bool]:
-        """Send one invocation, with a kill `kill_after` seconds in when given: (the answer or None, killed)."""
+    def send(self, copy: Copy) -> None:
+        soak = self.soak
+        copy.attempts += 1
+        attempt = self._attempt(f"{copy.key}.{copy.index}.{copy.attempts}", (copy.key,))
+        answer, attempt.killed, attempt.kill_sent = self.invoke(soak.event(copy, attempt.id), self._kill_after())
+        attempt.ended = time.monotonic()
+        if attempt.killed:
+            self.kills_owed -= 1
+        attempt.outcome = outcome(answer, attempt.killed, copy.key)
+        if answer is not None and attempt.outcome == "ok":
+            attempt.body = answer.body
+            self.durations.append(attempt.ended - attempt.started)
+        soak.record(attempt)
+        self._settle(copy, attempt.outcome == "ok")
+
+    def send_batch(self, copies: list[Copy]) -> None:
+        """One delivery of `copies` as a batch; each record that must come back is redelivered later, alone or with
+        others, as the queue (the partition) does. Kafka brings a partition's offset once per batch."""
+        soak = self.soak
+        if soak.settings.batch == "kafka":
+            unique: dict[str, Copy] = {}
+            for copy in copies:
+                if copy.key in unique:
+                    soak.schedule.resend(copy, 0.0)  # the same offset twice in one batch: not Kafka's way
+                else:
+                    unique[copy.key] = copy
+            copies = list(unique.values())
+        for copy in copies:
+            copy.attempts += 1
+        attempt = self._attempt(f"b{next(soak._batches):06d}", tuple(copy.key for copy in copies))
+        event = batch_event(soak.settings, copies, attempt.id, soak.receives)
+        answer, attempt.killed, attempt.kill_sent = self.invoke(event, self._kill_after())
+        attempt.ended = time.monotonic()
+        if attempt.killed:
+            self.kills_owed -= 1
+        attempt.outcome = batch_outcome(answer, attempt.killed)
+        failed = None
+        if answer is not None and attempt.outcome == "ok":
+            failed = batch_failures(soak.settings, answer.json(), copies)
+            if failed is None:
+                attempt.outcome = "unexpected:not-a-partial-batch-response"
+            else:
+                self.durations.append(attempt.ended - attempt.started)
+        soak.record(attempt)
+        for copy in copies:
+            self._settle(copy, failed is not None and copy.key not in failed)
+
+    def invoke(self, event: dict[str, Any], kill_after: float | None) -> tuple[Invocation | None, bool, bool]:
+        """Send one invocation, with a kill `kill_after` seconds in when given: (the answer or None, killed, a
+        kill was sent)."""
         env = self.env
         assert env is not None
         guard = _Guard()
@@ -642,6 +973,10 @@ class Worker(threading.Thread):
             killed = guard.killed
         if timer is not None:
             timer.cancel()
+        if killed and answer is not None and answer.error_type == "Runtime.ExitError":
+            # The runtime's death, reported by an emulator our kill had not yet stopped: the kill's own doing.
+            self.soak.count_kill("exit_error_answers")
+            answer = None
         if killed:
             # A kill that raced the answer's arrival (already in the socket) came after the invocation was over.
             self.soak.count_kill("mid_invocation" if answer is None else "after_answer")
@@ -650,7 +985,7 @@ class Worker(threading.Thread):
             self.env = None
             self.env = self.soak.environment()
         # A kill after the answer came does not excuse that run: its invocation was over.
-        return answer, killed and answer is None
+        return answer, killed and answer is None, killed
 
     def _kill(self, env: LambdaEnvironment, guard: _Guard) -> None:
         with guard.lock:
@@ -659,6 +994,21 @@ class Worker(threading.Thread):
                 return
             kill(env)
             guard.killed = True
+
+
+def batch_outcome(answer: Invocation | None, killed: bool) -> str:
+    """What a batch's caller (the event source mapping) makes of its answer; "ok" reads the partial response next."""
+    if answer is None:
+        return "killed" if killed else "connection"
+    if answer.body.startswith(TIMED_OUT):
+        return "timeout"
+    if answer.error_type is not None:
+        return RETRY_LATER.get(answer.error_type, f"unexpected:{answer.error_type}")
+    try:
+        answer.json()
+    except ValueError:
+        return "unexpected:not-json"
+    return "ok" if answer.status == 200 else "unexpected:wrong-answer"
 
 
 def outcome(answer: Invocation | None, killed: bool, key: str) -> str:
@@ -750,6 +1100,10 @@ def report_lines(report: Mapping[str, Any]) -> list[str]:
         return f"{_n(lat['keys'])} keys: p50 {_n(lat['p50'])}, p99 {_n(lat['p99'])}, max {_n(lat['max'])}"
 
     mode = "persistent completion" if s["persistent"] else "completion NOT retried (patched copy of the layer)"
+    if s.get("batch"):
+        mode += f", {s['batch'].upper() if s['batch'] == 'sqs' else 'Kafka'} batches of 1 to {s['batch_size']} records"
+    if s.get("purge"):
+        mode += f", {s['purge']:.0%} of keys purged once done (local cache on)"
     return [
         f"chaos soak, {mode}: seed {s['seed']}, {s['environments']} environments (Python {s['python']}), function "
         f"timeout {s['timeout']} s, {s['fault_rate']:.0%} of store requests faulted, {s['kill_rate']:.0%} of "
@@ -765,10 +1119,14 @@ def report_lines(report: Mapping[str, Any]) -> list[str]:
         f"the handler's side effect; {_n(f['kills_after_answer'])} more just after an answer came), "
         f"{_n(f['environments_started'])} environments started in all; timeouts "
         f"{_n(f['timeouts'])} ({_n(f['timeouts_after_side_effect'])} after the side effect)",
-        f"  executions: {_n(f['executions'])} ({_n(f['re_executions'])} beyond one per key: re-runs after a kill or "
-        f"a timeout, and doubles); {_n(f['completed_records'])} records completed",
+        f"  executions: {_n(f['executions'])} ({_n(f['re_executions'])} beyond one per key, of which "
+        f"{_n(f['crash_window_reruns'])} documented crash-window re-runs: after a kill or an overrun, once its claim "
+        f"could have ended); {_n(f['completed_records'])} records completed",
+        *([f"  purges: {_n(f['purged'])} keys purged and sent again ({_n(f['purges_refused'])} refused); stale "
+           f"{f['stale']} (a copy after its purge that did not run again)"] if s.get("purge") else []),
         f"  doubles {f['doubles']}, early re-runs {f['early']}, divergent {f['divergent']}, lost {f['lost']}, "
-        f"stuck {f['stuck']} ({_n(f['overrun_keys'])} keys overran the timeout on their first execution)",
+        f"stuck {f['stuck']}, unexpected answers {f['unexpected']} ({_n(f['overrun_keys'])} keys overran the "
+        f"timeout on their first execution, {_n(f['slow_keys'])} worked seconds every time)",
         f"  first attempt to first success, ms: keys no kill touched {latency('untouched')}",
         f"                                      keys a kill touched   {latency('touched')}",
         f"  wall time {f['wall_s']:.1f} s",
@@ -805,7 +1163,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="the handler's work after its side effect (default: %(default)s)")
     p.add_argument("--overrun", type=float, default=d.overrun,
                    help="fraction of keys whose first execution runs past the timeout (default: %(default)s)")
+    p.add_argument("--slow", type=float, default=d.slow,
+                   help="fraction of keys whose handler works seconds (default: %(default)s)")
     p.add_argument("--python", default=None, help="the runtime's Python version (default: 3.12 when found)")
+    p.add_argument("--batch", choices=("sqs", "kafka"), default=None,
+                   help="deliver copies as SQS or Amazon MSK batches, each record claimed on its own")
+    p.add_argument("--batch-size", type=int, default=d.batch_size,
+                   help="records per batch, at most (default: %(default)s)")
+    p.add_argument("--purge", type=float, default=d.purge,
+                   help="fraction of keys purged once done, then sent again (default: %(default)s)")
     p.add_argument("--skew", type=float, default=d.skew_s,
                    help="seconds every second environment's clock runs ahead, by libfaketime (default: %(default)s)")
     p.add_argument("--compare-persistence", action="store_true",
@@ -842,7 +1208,8 @@ def main(argv: list[str] | None = None) -> int:
     fault_rate = args.fault_rate if args.fault_rate is not None else (0.3 if args.compare_persistence else 0.05)
     base = Settings(invocations=args.invocations, duplicates=args.duplicates, fault_rate=fault_rate,
                     kill_rate=args.kill_rate, environments=args.environments, seed=args.seed, timeout=args.timeout,
-                    attempts=args.attempts, work_ms=args.work_ms, overrun=args.overrun, python=args.python,
+                    attempts=args.attempts, work_ms=args.work_ms, overrun=args.overrun, slow=args.slow,
+                    python=args.python, batch=args.batch, batch_size=args.batch_size, purge=args.purge,
                     skew_s=args.skew,
                     faults=tuple(kind.strip() for kind in args.faults.split(",") if kind.strip()))
     try:

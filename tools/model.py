@@ -26,12 +26,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any
 
 from idempotency_layer import errors
@@ -39,194 +37,14 @@ from idempotency_layer.config import Attributes
 from idempotency_layer.cycle import CLAIM_MARGIN_MS, Cycle
 from idempotency_layer.dynamodb import Deadline, DynamoDBError
 from idempotency_layer.store import DynamoDBStore
+from tests.support.memory_dynamodb import CHECK_FAILED, MemoryDynamoDB
+from tests.support.memory_dynamodb import copy as _copy
 
-CHECK_FAILED = "ConditionalCheckFailedException"
 KEY = "order-1"
 T0 = 1_800_000_000.0  # virtual epoch seconds at the start of every history
 TIMEOUT_MS = 10_000  # each invocation's time budget
 TTL_SECONDS = 3600
 EPSILON = 0.001
-
-
-# --- DynamoDB's semantics, in memory -----------------------------------------------------------------
-
-_TOKEN = re.compile(r"\s*(attribute_not_exists|attribute_exists|AND|OR|NOT|<>|<=|>=|[()=<>,]|#\w+|:\w+)")
-
-
-def _copy(value: Any) -> Any:
-    # Items and requests are nested dicts of strings: far cheaper than copy.deepcopy, thousands of times over.
-    if isinstance(value, dict):
-        return {k: _copy(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_copy(v) for v in value]
-    return value
-
-
-def _tokens(expression: str) -> list[str]:
-    tokens, position = [], 0
-    while position < len(expression.rstrip()):
-        match = _TOKEN.match(expression, position)
-        if match is None:
-            raise DynamoDBError("expression", "ValidationException", f"cannot parse at {expression[position:]!r}")
-        tokens.append(match.group(1))
-        position = match.end()
-    return tokens
-
-
-def _scalar(value: dict[str, Any] | None) -> tuple[str, Any] | None:
-    if value is None:
-        return None
-    (kind, raw), = value.items()
-    return kind, Decimal(raw) if kind == "N" else raw
-
-
-class _Condition:
-    """A recursive-descent evaluator for the condition grammar the layer uses."""
-
-    def __init__(self, expression: str, names: dict, values: dict, item: dict | None, used: set[str]) -> None:
-        self.tokens, self.i = _tokens(expression), 0
-        self.names, self.values, self.item, self.used = names, values, item or {}, used
-
-    def evaluate(self) -> bool:
-        result = self._or()
-        if self.i != len(self.tokens):
-            raise DynamoDBError("expression", "ValidationException", "trailing tokens in the condition")
-        return result
-
-    def _peek(self) -> str | None:
-        return self.tokens[self.i] if self.i < len(self.tokens) else None
-
-    def _take(self, expected: str | None = None) -> str:
-        token = self._peek()
-        if token is None or (expected is not None and token != expected):
-            raise DynamoDBError("expression", "ValidationException", f"expected {expected!r}, got {token!r}")
-        self.i += 1
-        return token
-
-    def _or(self) -> bool:
-        result = self._and()
-        while self._peek() == "OR":
-            self._take()
-            right = self._and()  # both sides are parsed (and their names counted as used)
-            result = result or right
-        return result
-
-    def _and(self) -> bool:
-        result = self._not()
-        while self._peek() == "AND":
-            self._take()
-            right = self._not()
-            result = result and right
-        return result
-
-    def _not(self) -> bool:
-        if self._peek() == "NOT":
-            self._take()
-            return not self._not()
-        return self._primary()
-
-    def _operand(self) -> tuple[str, Any] | None:
-        token = self._take()
-        self.used.add(token)
-        if token.startswith("#"):
-            return _scalar(self.item.get(self.names[token]))
-        if token.startswith(":"):
-            return _scalar(self.values[token])
-        raise DynamoDBError("expression", "ValidationException", f"unexpected {token!r}")
-
-    def _primary(self) -> bool:
-        token = self._peek()
-        if token == "(":
-            self._take()
-            result = self._or()
-            self._take(")")
-            return result
-        if token in ("attribute_not_exists", "attribute_exists"):
-            self._take()
-            self._take("(")
-            name = self._take()
-            self.used.add(name)
-            self._take(")")
-            present = self.names[name] in self.item
-            return present if token == "attribute_exists" else not present
-        left = self._operand()
-        operator = self._take()
-        right = self._operand()
-        if left is None or right is None or left[0] != right[0]:
-            return False  # a missing attribute, or another type, compares false
-        a, b = left[1], right[1]
-        return {"=": a == b, "<>": a != b, "<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[operator]
-
-
-def _project(item: dict, params: dict) -> dict:
-    """`item` as a read returns it: only the attributes its ProjectionExpression names, when it has one."""
-    expression = params.get("ProjectionExpression")
-    if expression is None:
-        return _copy(item)
-    names = params.get("ExpressionAttributeNames", {})
-    tokens = [token.strip() for token in expression.split(",")]
-    unused = set(names) - set(tokens)
-    if unused:
-        raise DynamoDBError("GetItem", "ValidationException", f"unused in expressions: {sorted(unused)}", status=400)
-    wanted = {names.get(token, token) for token in tokens}
-    return {name: _copy(value) for name, value in item.items() if name in wanted}
-
-
-def _apply_update(expression: str, names: dict, values: dict, item: dict, used: set[str]) -> None:
-    for clause in re.findall(r"(SET|REMOVE)\s+(.*?)(?=\s+(?:SET|REMOVE)\s|$)", expression.strip()):
-        action, body = clause
-        for part in body.split(","):
-            if action == "SET":
-                name, value = (side.strip() for side in part.split("="))
-                used.update((name, value))
-                item[names[name]] = _copy(values[value])
-            else:
-                name = part.strip()
-                used.add(name)
-                item.pop(names[name], None)
-
-
-class MemoryDynamoDB:
-    """One table with a string partition key, for the layer's four item operations."""
-
-    def __init__(self, key_attr: str = "id") -> None:
-        self.key_attr = key_attr
-        self.items: dict[str, dict] = {}
-
-    def apply(self, operation: str, params: dict) -> dict:
-        """Apply one request atomically: the response, or DynamoDBError as the real service would raise it."""
-        if operation == "GetItem":
-            item = self.items.get(params["Key"][self.key_attr]["S"])
-            return {} if item is None else {"Item": _project(item, params)}
-        key = (params["Item"] if operation == "PutItem" else params["Key"])[self.key_attr]["S"]
-        old = self.items.get(key)
-        names = params.get("ExpressionAttributeNames", {})
-        values = params.get("ExpressionAttributeValues", {})
-        used: set[str] = set()
-        passed = True
-        if "ConditionExpression" in params:
-            passed = _Condition(params["ConditionExpression"], names, values, old, used).evaluate()
-        new = None
-        if operation == "UpdateItem":
-            new = _copy(old) if old is not None else _copy(params["Key"])
-            _apply_update(params["UpdateExpression"], names, values, new, used)
-        unused = (set(names) | set(values)) - used
-        if unused:  # DynamoDB refuses the request before looking at the item
-            raise DynamoDBError(operation, "ValidationException", f"unused in expressions: {sorted(unused)}",
-                                status=400)
-        if not passed:
-            returned = old if params.get("ReturnValuesOnConditionCheckFailure") == "ALL_OLD" else None
-            raise DynamoDBError(operation, CHECK_FAILED, "The conditional request failed",
-                                item=_copy(returned) if returned else None, status=400)
-        if operation == "PutItem":
-            self.items[key] = _copy(params["Item"])
-        elif operation == "UpdateItem":
-            self.items[key] = new
-        elif operation == "DeleteItem":
-            self.items.pop(key, None)
-        else:
-            raise DynamoDBError(operation, "UnknownOperationException", operation, status=400)
-        return {}
 
 
 # --- the scheduler ---------------------------------------------------------------------------------------
@@ -493,7 +311,7 @@ class World:
         """The next time at which something changes: a deadline passes, or some clock sees a claim expire."""
         moments = [i.deadline + EPSILON for i in self.invocations
                    if i.deadline is not None and not i.finished and i.deadline + EPSILON > self.now]
-        item = self.db.items.get(KEY)
+        item = self.db.item(KEY)
         if item is not None and item.get("status", {}).get("S") == "INPROGRESS":
             until = int(item["in_progress_until"]["N"]) / 1000
             for environment in self.environments:
@@ -584,7 +402,7 @@ class World:
                 raise Violation(f"invocation {invocation.index} answered {value!r}, its handler returned "
                                 f"{invocation.ran!r}")
         # Stuck: a claim must end by the deadline of the invocation that made it, by every clock.
-        item = self.db.items.get(KEY)
+        item = self.db.item(KEY)
         if item is not None and item["status"]["S"] == "INPROGRESS":
             owner = item["owner"]["S"]
             maker = next(i for i in self.invocations if owner in i.owners)

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from idempotency_layer.dynamodb import DynamoDBError
-from tools.model import CHECK_FAILED, KEY, Bounds, explore
+from tests.support.memory_dynamodb import CHECK_FAILED
+from tools.model import KEY, Bounds, explore
 
 _runs = itertools.count()
 

@@ -57,3 +57,20 @@ def test_a_timeout_the_handler_did_not_cause_excuses_nothing() -> None:
 def test_an_environment_lost_on_its_own_excuses_its_run() -> None:
     assert history(105.0, first="connection") == ([], [])
     assert history(104.5, first="connection") == ([], ["a"])
+
+
+def test_documented_crash_window_reruns_are_counted_apart_from_doubles() -> None:
+    from tools.chaos import windowed_reruns
+
+    attempts = {
+        "a.0.1": Attempt("a.0.1", "a", 0.0, outcome="killed", killed=True, sent_at=100.0),
+        "a.1.2": Attempt("a.1.2", "a", 0.0, outcome="ok", sent_at=105.2),
+        "a.1.3": Attempt("a.1.3", "a", 0.0, outcome="ok", sent_at=106.0),
+    }
+    runs = {"a": [{"key": "a", "run": "r1", "attempt": "a.0.1", "clock": 100.01},
+                  {"key": "a", "run": "r2", "attempt": "a.1.2", "clock": 105.21}]}
+    options = {"timeout": TIMEOUT, "skew_s": 0.0, "overruns": lambda key: False, "margin_s": 1.0}
+    assert windowed_reruns(runs, attempts, **options) == 1 and verdict(runs, attempts, **options) == ([], [])
+    # A third run after the answered second: a double, not a documented re-run.
+    runs["a"].append({"key": "a", "run": "r3", "attempt": "a.1.3", "clock": 106.01})
+    assert windowed_reruns(runs, attempts, **options) == 1 and verdict(runs, attempts, **options) == (["a"], [])

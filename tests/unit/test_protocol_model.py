@@ -9,7 +9,8 @@ import pytest
 
 from idempotency_layer.cycle import CLAIM_MARGIN_MS
 from idempotency_layer.store import DynamoDBStore
-from tools.model import Bounds, MemoryDynamoDB, Violation, explore
+from tests.support.memory_dynamodb import MemoryDynamoDB
+from tools.model import Bounds, Violation, explore
 
 SEARCHES = {
     # two copies racing, one fault and one crash anywhere, two clock jumps
