@@ -4,7 +4,8 @@
 #   ./build.sh wheel                    dist/idempotency_layer-<version>-py3-none-any.whl, for container images
 #   ./build.sh publish --regions R1,R2 [--public | --principal ACCOUNT] [--layer-name NAME] [--with-boto3]
 #                                       the verified zips as layer versions; ARNs in dist/published.json
-#   ./build.sh test [PYTEST_ARGS...]    fresh-machine setup, ruff, build, downloads, pytest
+#   ./build.sh test [PYTEST_ARGS...]    fresh-machine setup, ruff, mypy, build, downloads, pytest
+#   ./build.sh unit [PYTEST_ARGS...]    the fast loop: ruff, mypy and the tests that need no Java, emulator or zip
 #   ./build.sh demo                     the unmodified examples/ handlers (orders, orders_api, shipments, kafka_orders) under the layer, locally
 #   ./build.sh bench [ARGS...]          bench/run.py
 #   ./build.sh chaos [ARGS...]          the fault-injection soak (tools/chaos.py; --help for its flags)
@@ -244,12 +245,24 @@ cmd_test() {
   ensure_venv test
   log "ruff check"
   "$VENV/bin/ruff" check .
+  log "mypy"
+  "$VENV/bin/python" -m mypy
   cmd_build
   [[ -f tests/support/downloads.py ]] || die "tests/support/downloads.py is missing"
   log "fetching DynamoDB Local, the Runtime Interface Emulator and runtimes"
   "$VENV/bin/python" -m tests.support.downloads
   log "pytest"
   in_run_tmpdir "$VENV/bin/python" -m pytest "$@"
+}
+
+# The fast loop: the project's venv (made, or brought up to date, only when it lacks what this needs), ruff, mypy,
+# and tests/unit but for the tests marked built (they read the zips) and slow, on two workers. No Java, no emulator,
+# no build, nothing installed outside the venv.
+cmd_unit() {
+  "$VENV/bin/python" -c 'import xdist, mypy, hypothesis, idempotency_layer' 2>/dev/null || ensure_venv test
+  "$VENV/bin/ruff" check .
+  "$VENV/bin/python" -m mypy
+  in_run_tmpdir "$VENV/bin/python" -m pytest tests/unit -m "not built and not slow" -n 2 -q -p no:cacheprovider "$@"
 }
 
 # Run a command with TMPDIR (pytest's, the runtimes', ours) in a folder of its own, removed afterwards.
@@ -300,11 +313,12 @@ case $sub in
   wheel) cmd_wheel "$@" ;;
   publish) cmd_publish "$@" ;;
   test) cmd_test "$@" ;;
+  unit) cmd_unit "$@" ;;
   demo) cmd_demo "$@" ;;
   bench) cmd_bench "$@" ;;
   chaos) cmd_chaos "$@" ;;
   sam-local) cmd_sam_local ;;
   --with-boto3) cmd_build "$sub" "$@" ;;
-  -h | --help) sed -n '2,11s/^# \{0,1\}//p' "$0" ;;
-  *) die "unknown command '$sub' (build, wheel, publish, test, demo, bench, chaos, sam-local)" ;;
+  -h | --help) sed -n '2,12s/^# \{0,1\}//p' "$0" ;;
+  *) die "unknown command '$sub' (build, wheel, publish, test, unit, demo, bench, chaos, sam-local)" ;;
 esac

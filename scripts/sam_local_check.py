@@ -1,4 +1,5 @@
-"""Run the README's "Run locally against DynamoDB Local" commands and check what they do (./build.sh sam-local).
+"""Run the "Run locally against DynamoDB Local" commands (docs/local.md, the README's local-run guide) and check what
+they do (./build.sh sam-local).
 
 Run by scripts/sam-local.sh inside its private namespaces, with its own dockerd and DynamoDB Local on port 8000,
 `sam` and `aws` on PATH. The commands come from the README's code block itself, so the README cannot drift from
@@ -31,7 +32,8 @@ from pathlib import Path
 
 import boto3
 
-SECTION = "### Run locally against DynamoDB Local"
+SECTION = "## Run locally against DynamoDB Local"  # in docs/local.md, which the README links to
+DOC = "docs/local.md"
 INVOKE_TIMEOUT = 300  # the first invoke builds SAM's image on the stand-in
 API_PORT = 3000
 
@@ -357,8 +359,8 @@ def main() -> int:
                            aws_access_key_id="check", aws_secret_access_key="check").Table("idempotency")
     state = Run(work=work, table=table)
     try:
-        shell_syntax_ok(readme_block(repo / "README.md"))
-        for command, step in plan(readme_commands(repo / "README.md")):
+        shell_syntax_ok(readme_block(repo / DOC))
+        for command, step in plan(readme_commands(repo / DOC)):
             text = command.text
             if command.heredoc:
                 name, content = command.heredoc

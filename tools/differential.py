@@ -376,7 +376,7 @@ def _run_scenario(scenario: dict[str, Any], interceptor: Any, config_module: Any
             done["calls"] = normal.value(CALLS)
             done["logs"] = [[level, normal.text(message)] for level, message in records.records]
             done["documents"] = [_document(line, normal) for line in out.getvalue().splitlines() if line.strip()]
-            done["requests"] = list(transport.requests)
+            done["requests"] = sorted(transport.requests)  # a batch's run on threads: their order is not one
             done["items"] = {"|".join(key): normal.item(item) for key, item in sorted(db.items.items())}
             steps.append(done)
         return steps

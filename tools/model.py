@@ -36,6 +36,7 @@ from idempotency_layer import errors
 from idempotency_layer.config import Attributes
 from idempotency_layer.cycle import CLAIM_MARGIN_MS, Cycle
 from idempotency_layer.dynamodb import Deadline, DynamoDBError
+from idempotency_layer.invocation import Invocation as Served
 from idempotency_layer.store import DynamoDBStore
 from tests.support.memory_dynamodb import CHECK_FAILED, MemoryDynamoDB
 from tests.support.memory_dynamodb import copy as _copy
@@ -264,7 +265,7 @@ class World:
             environment.cycle.store.transport.current = invocation
             # As the runtime computes it: Lambda's deadline minus this environment's clock.
             remaining_ms = int((invocation.deadline - (self.now + environment.skew)) * 1000)
-            outcome = environment.cycle.run(KEY, self.handler(invocation), remaining_ms=remaining_ms)
+            outcome = environment.cycle.run(Served(remaining_ms), KEY, self.handler(invocation))
             if invocation.dead:
                 # The layer caught the death (a BaseException) on its completion path and went on; a dead
                 # environment answers nothing and is replaced.

@@ -29,7 +29,7 @@ FORMATS = frozenset(
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, NamedTuple
 
 ITEM_LIMIT = 400 * 1024  # DynamoDB's item size limit, names and values together
 RECORD_OVERHEAD = 1024  # room kept for the key and the other attributes of the record
@@ -41,9 +41,15 @@ _TAGS = frozenset({_DECIMAL, _BYTES, _INT, _OBJECT, _FLOAT})
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
 
 
-class Encoded(namedtuple("Encoded", ("format", "data"))):
-    # format: str
-    # data: bytes | str | None  # JSON text (format without "+z"), zlib data (with "+z"), None (TOO_LARGE)
+if TYPE_CHECKING:
+    class _EncodedFields(NamedTuple):
+        format: str
+        data: bytes | str | None  # JSON text (format without "+z"), zlib data (with "+z"), None (TOO_LARGE)
+else:
+    _EncodedFields = namedtuple("Encoded", ("format", "data"))
+
+
+class Encoded(_EncodedFields):
     __slots__ = ()
 
 

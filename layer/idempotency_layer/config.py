@@ -15,7 +15,7 @@ from .errors import IdempotencyConfigurationError
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, NamedTuple
 
 _TRUE = frozenset({"true", "1", "yes"})
 _FALSE = frozenset({"false", "0", "no"})
@@ -29,9 +29,9 @@ _METRICS = ("off", "emf")
 _NAMESPACE = re.compile(r"[A-Za-z0-9 ._/#:-]{1,255}")
 _TRANSPORTS = ("lean", "boto3")
 _SCOPES = ("auto", "event", "record")
-STREAM_FAILURES = ("checkpoint", "records")  # sources.batch reads it too
-BATCH_RESPONSES = ("partial", "fail")  # fail: the mapping ignores partial batch responses (sources.batch)
-BATCH_PRECHECKS = ("auto", "always", "never")  # cycle reads it too
+_STREAM_FAILURES = ("checkpoint", "records")
+_BATCH_RESPONSES = ("partial", "fail")  # fail: the mapping ignores partial batch responses
+_BATCH_PRECHECKS = ("auto", "always", "never")
 _HTTP_MODES = ("auto", "off")
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")  # an HTTP token
 _WHOLE = re.compile(r"-?[0-9]+")
@@ -53,96 +53,111 @@ _ATTR_VARIABLES = {
 }
 
 
-class Attributes(namedtuple("Attributes", (
-    "key",
-    "sort_key",
-    "status",
-    "expires_at",
-    "in_progress_until",
-    "owner",
-    "result",
-    "result_format",
-    "payload_hash",
-), defaults=(
-    "id", None, "status", "expires_at", "in_progress_until", "owner", "result", "result_format", "payload_hash",
-))):
+if TYPE_CHECKING:
+    class _AttributesFields(NamedTuple):
+        key: str = "id"
+        sort_key: str | None = None
+        status: str = "status"
+        expires_at: str = "expires_at"
+        in_progress_until: str = "in_progress_until"
+        owner: str = "owner"
+        result: str = "result"
+        result_format: str = "result_format"
+        payload_hash: str = "payload_hash"
+else:
+    _AttributesFields = namedtuple("Attributes", (
+        "key",
+        "sort_key",
+        "status",
+        "expires_at",
+        "in_progress_until",
+        "owner",
+        "result",
+        "result_format",
+        "payload_hash",
+    ), defaults=(
+        "id", None, "status", "expires_at", "in_progress_until", "owner", "result", "result_format", "payload_hash",
+    ))
+
+
+class Attributes(_AttributesFields):
     """Names of the record's attributes in the table."""
-    # key: str = "id"
-    # sort_key: str | None = None
-    # status: str = "status"
-    # expires_at: str = "expires_at"
-    # in_progress_until: str = "in_progress_until"
-    # owner: str = "owner"
-    # result: str = "result"
-    # result_format: str = "result_format"
-    # payload_hash: str = "payload_hash"
     __slots__ = ()
 
 
-class Config(namedtuple("Config", (
-    "disabled",
-    "table",
-    "scope",
-    "stream_failures",
-    "key_jmespath",
-    "payload_jmespath",
-    "http",
-    "key_header",
-    "caller_headers",
-    "key_prefix",
-    "require_key",
-    "ttl_seconds",
-    "in_progress_seconds",
-    "wait_seconds",
-    "local_cache_size",
-    "attributes",
-    "partition_value",
-    "log_level",
-    "transport",
-    "connect_timeout",
-    "read_timeout",
-    "max_attempts",
-    "original_handler",
-    "metrics",
-    "metrics_namespace",
-    "function_name",
-    "region",
-    "batch_response",
-    "batch_precheck",
-), defaults=("off", "Idempotency", None, None, "partial", "auto"))):
-    # disabled: bool
-    # table: str
-    # scope: str  # auto: batches (SQS, Kinesis, DynamoDB Streams, Kafka, Amazon MQ) per record, others whole
-    # checkpoint: a stream handler's earliest reported record and every one after it are released (Lambda retries
-    # the shard from there); records: only the records it reports are released, as for SQS
-    # stream_failures: str
-    # key_jmespath: str | None  # None: the whole event (a batch record: its delivery identity)
-    # payload_jmespath: str | None  # the part of the event a reused key must match (its SHA-256); None: unchecked
-    # http: str  # auto: API Gateway, Function URL and ALB events get HTTP semantics; off: handled like any event
-    # key_header: str  # the request header holding the idempotency key of an HTTP event
-    # lower-cased request headers whose values scope an HTTP request's key: who is calling, for functions that
-    # authenticate callers themselves (no authorizer names them in requestContext); () when unset
-    # caller_headers: tuple[str, ...]
-    # key_prefix: str
-    # require_key: bool
-    # ttl_seconds: int
-    # in_progress_seconds: int  # a claim lasts at least this long, beyond the invocation's own deadline; 0: no floor
-    # wait_seconds: float  # how long a copy that finds a live claim waits for its outcome; 0: it does not wait
-    # local_cache_size: int
-    # attributes: Attributes
-    # partition_value: str | None  # static partition key value when a sort key holds the key
-    # log_level: str
-    # transport: str
-    # connect_timeout: float
-    # read_timeout: float
-    # max_attempts: int
-    # original_handler: str
-    # metrics: str  # off; emf: one CloudWatch embedded metric format document per invocation on stdout
-    # metrics_namespace: str
-    # function_name: str | None  # AWS_LAMBDA_FUNCTION_NAME: a durable execution's envelope must name this function
-    # region: str | None  # AWS_REGION: ... and its Region
-    # batch_response: str  # partial; fail: a batch with a record that must come back fails the invocation
-    # batch_precheck: str  # auto: a batch showing redelivery is read first in one BatchGetItem; always; never
+if TYPE_CHECKING:
+    class _ConfigFields(NamedTuple):
+        disabled: bool
+        table: str
+        # "auto": batches (SQS, Kinesis, DynamoDB Streams, Kafka, Amazon MQ) per record, others whole; "event"; "record"
+        scope: str
+        # IDEMPOTENCY_STREAM_FAILURES=checkpoint: a stream handler's earliest reported record and every one after it
+        # are released (Lambda retries the shard from there); False (records): only the records it reports, as SQS's
+        stream_checkpoint: bool
+        key_jmespath: str | None  # None: the whole event (a batch record: its delivery identity)
+        payload_jmespath: str | None  # the part of the event a reused key must match (its SHA-256); None: unchecked
+        http: bool  # IDEMPOTENCY_HTTP=auto: API Gateway, Function URL and ALB events get HTTP semantics
+        key_header: str  # the request header holding the idempotency key of an HTTP event
+        # lower-cased request headers whose values scope an HTTP request's key: who is calling, for functions that
+        # authenticate callers themselves (no authorizer names them in requestContext); () when unset
+        caller_headers: tuple[str, ...]
+        key_prefix: str
+        require_key: bool
+        ttl_seconds: int
+        in_progress_seconds: int  # a claim lasts at least this long, beyond the invocation's deadline; 0: no floor
+        wait_seconds: float  # how long a copy that finds a live claim waits for its outcome; 0: it does not wait
+        local_cache_size: int
+        attributes: Attributes
+        partition_value: str | None  # static partition key value when a sort key holds the key
+        log_level: str  # DEBUG, INFO, WARNING or ERROR
+        transport: str  # "lean" or "boto3"
+        connect_timeout: float
+        read_timeout: float
+        max_attempts: int
+        original_handler: str
+        metrics: bool = False  # IDEMPOTENCY_METRICS=emf: one CloudWatch EMF document per invocation on stdout
+        metrics_namespace: str = "Idempotency"
+        function_name: str | None = None  # AWS_LAMBDA_FUNCTION_NAME: a durable execution's envelope names it
+        region: str | None = None  # AWS_REGION: ... and its Region
+        fail_whole_batch: bool = False  # IDEMPOTENCY_BATCH_RESPONSE=fail: a record that must come back fails the batch
+        # "auto": a batch showing redelivery is read first in one BatchGetItem; "always"; "never"
+        batch_precheck: str = "auto"
+else:
+    _ConfigFields = namedtuple("Config", (
+        "disabled",
+        "table",
+        "scope",
+        "stream_checkpoint",
+        "key_jmespath",
+        "payload_jmespath",
+        "http",
+        "key_header",
+        "caller_headers",
+        "key_prefix",
+        "require_key",
+        "ttl_seconds",
+        "in_progress_seconds",
+        "wait_seconds",
+        "local_cache_size",
+        "attributes",
+        "partition_value",
+        "log_level",
+        "transport",
+        "connect_timeout",
+        "read_timeout",
+        "max_attempts",
+        "original_handler",
+        "metrics",
+        "metrics_namespace",
+        "function_name",
+        "region",
+        "fail_whole_batch",
+        "batch_precheck",
+    ), defaults=(False, "Idempotency", None, None, False, "auto"))
+
+
+class Config(_ConfigFields):
+    """Every setting, validated, as the values the layer decides by."""
     __slots__ = ()
 
 
@@ -249,18 +264,13 @@ def _namespace(env: Mapping[str, str]) -> str:
     return value
 
 
-def load(env: Mapping[str, str] | None = None) -> Config:
-    """Build the configuration from the environment (os.environ by default)."""
-    env = os.environ if env is None else env
-    disabled = _bool(env, "IDEMPOTENCY_DISABLED", False)
-
+def _handler_and_table(env: Mapping[str, str], disabled: bool) -> tuple[str, str]:
     original_handler = _text(env, "IDEMPOTENCY_ORIGINAL_HANDLER")
     if original_handler is None:
         raise IdempotencyConfigurationError(
             "IDEMPOTENCY_ORIGINAL_HANDLER is not set: the layer's exec wrapper sets it from _HANDLER; "
             "set AWS_LAMBDA_EXEC_WRAPPER=/opt/idempotency-wrapper instead of pointing _HANDLER at the layer"
         )
-
     table = _text(env, "IDEMPOTENCY_TABLE", "")
     assert table is not None
     if not disabled and not table:
@@ -272,19 +282,22 @@ def load(env: Mapping[str, str] | None = None) -> Config:
             f"IDEMPOTENCY_TABLE={table!r} is not a table name (3 to 255 of A-Z a-z 0-9 _ . -) "
             "nor a table ARN (arn:aws:dynamodb:<region>:<account>:table/<name>)"
         )
+    return original_handler, table
 
-    explicit_prefix = _text(env, "IDEMPOTENCY_KEY_PREFIX")
-    prefix = explicit_prefix or _text(env, "AWS_LAMBDA_FUNCTION_NAME")
+
+def _prefix(env: Mapping[str, str], disabled: bool) -> tuple[str | None, str | None]:
+    """The key prefix, and the variable it came from."""
+    explicit = _text(env, "IDEMPOTENCY_KEY_PREFIX")
+    prefix = explicit or _text(env, "AWS_LAMBDA_FUNCTION_NAME")
     if not disabled and not prefix:
         raise IdempotencyConfigurationError(
             "IDEMPOTENCY_KEY_PREFIX is not set and neither is AWS_LAMBDA_FUNCTION_NAME; "
             "expected a prefix that tells this function's records apart in a shared table"
         )
+    return prefix, "IDEMPOTENCY_KEY_PREFIX" if explicit else "AWS_LAMBDA_FUNCTION_NAME"
 
-    key_jmespath = _text(env, "IDEMPOTENCY_KEY_JMESPATH")
-    if key_jmespath == "@":
-        key_jmespath = None
 
+def _key_header(env: Mapping[str, str]) -> str:
     key_header = _text(env, "IDEMPOTENCY_KEY_HEADER", "Idempotency-Key")
     assert key_header is not None
     if not _HEADER_NAME.fullmatch(key_header):
@@ -292,13 +305,14 @@ def load(env: Mapping[str, str] | None = None) -> Config:
             f"IDEMPOTENCY_KEY_HEADER={key_header!r} is not an HTTP header name (1 to 128 of A-Z a-z 0-9 and "
             "!#$%&'*+.^_`|~-)"
         )
+    return key_header
 
-    caller_headers = _caller_headers(env, key_header)
 
+def _attributes(env: Mapping[str, str]) -> Attributes:
     defaults = Attributes()
-    attributes = Attributes(
-        **{field: _attribute(env, variable, getattr(defaults, field)) for field, variable in _ATTR_VARIABLES.items()}
-    )
+    names: dict[str, Any] = {field: _attribute(env, variable, getattr(defaults, field))
+                             for field, variable in _ATTR_VARIABLES.items()}
+    attributes = Attributes(**names)
     seen: dict[str, str] = {}
     for field, variable in _ATTR_VARIABLES.items():
         value = getattr(attributes, field)
@@ -310,7 +324,12 @@ def load(env: Mapping[str, str] | None = None) -> Config:
                 "each record attribute needs a name of its own"
             )
         seen[value] = variable
+    return attributes
 
+
+def _partition(env: Mapping[str, str], attributes: Attributes, prefix: str | None, prefix_variable: str | None,
+               disabled: bool) -> str | None:
+    """IDEMPOTENCY_PARTITION_VALUE when the key goes in a sort key; and keys checked to fit DynamoDB's limits."""
     partition_value = None
     key_limit = _PARTITION_KEY_BYTES
     if attributes.sort_key is not None:
@@ -328,40 +347,76 @@ def load(env: Mapping[str, str] | None = None) -> Config:
             "used when the key goes in a sort key"
         )
     if not disabled and prefix and len(prefix.encode()) + _DIGEST_CHARS > key_limit:
-        variable = "IDEMPOTENCY_KEY_PREFIX" if explicit_prefix else "AWS_LAMBDA_FUNCTION_NAME"
         raise IdempotencyConfigurationError(
-            f"{variable} is {len(prefix.encode())} bytes as a key prefix; with the 65 characters of the digest, "
+            f"{prefix_variable} is {len(prefix.encode())} bytes as a key prefix; with the 65 characters of the digest, "
             f"keys must fit in {key_limit} bytes ({'sort' if key_limit == _SORT_KEY_BYTES else 'partition'} key)"
         )
+    return partition_value
 
+
+# The settings read by a reader and its bounds alone: (field, variable, reader, default, reader's arguments).
+_PLAIN = (
+    ("scope", "IDEMPOTENCY_SCOPE", "choice", "auto", _SCOPES),
+    ("payload_jmespath", "IDEMPOTENCY_PAYLOAD_JMESPATH", "text", None, ()),
+    ("require_key", "IDEMPOTENCY_REQUIRE_KEY", "bool", False, ()),
+    ("ttl_seconds", "IDEMPOTENCY_TTL_SECONDS", "int", 3600, (1, 366 * 24 * 3600)),
+    ("in_progress_seconds", "IDEMPOTENCY_IN_PROGRESS_SECONDS", "int", 0, (0, 366 * 24 * 3600)),
+    ("wait_seconds", "IDEMPOTENCY_WAIT_SECONDS", "float", 0.0, (0.0, 900.0)),
+    ("local_cache_size", "IDEMPOTENCY_LOCAL_CACHE_SIZE", "int", 0, (0, 100_000)),
+    ("transport", "IDEMPOTENCY_TRANSPORT", "choice", "lean", _TRANSPORTS),
+    ("connect_timeout", "IDEMPOTENCY_CONNECT_TIMEOUT", "float", 2.0, (0.05, 60.0)),
+    ("read_timeout", "IDEMPOTENCY_READ_TIMEOUT", "float", 3.0, (0.05, 60.0)),
+    ("max_attempts", "IDEMPOTENCY_MAX_ATTEMPTS", "int", 3, (1, 10)),
+    ("batch_precheck", "IDEMPOTENCY_BATCH_PRECHECK", "choice", "auto", _BATCH_PRECHECKS),
+    ("function_name", "AWS_LAMBDA_FUNCTION_NAME", "text", None, ()),
+    ("region", "AWS_REGION", "text", None, ()),
+)
+# Settings of a few named values that decide one thing: (field, variable, accepted, default, the value meaning True).
+_DECIDED = (
+    ("stream_checkpoint", "IDEMPOTENCY_STREAM_FAILURES", _STREAM_FAILURES, "checkpoint", "checkpoint"),
+    ("http", "IDEMPOTENCY_HTTP", _HTTP_MODES, "auto", "auto"),
+    ("metrics", "IDEMPOTENCY_METRICS", _METRICS, "off", "emf"),
+    ("fail_whole_batch", "IDEMPOTENCY_BATCH_RESPONSE", _BATCH_RESPONSES, "partial", "fail"),
+)
+
+
+def _read(env: Mapping[str, str], variable: str, reader: str, default: Any, arguments: Any) -> Any:
+    if reader == "choice":
+        return _choice(env, variable, default, arguments)
+    if reader == "text":
+        return _text(env, variable, default)
+    if reader == "bool":
+        return _bool(env, variable, default)
+    minimum, maximum = arguments
+    return _number(env, variable, default, minimum, maximum, int if reader == "int" else float)
+
+
+def load(env: Mapping[str, str] | None = None) -> Config:
+    """Build the configuration from the environment (os.environ by default)."""
+    env = os.environ if env is None else env
+    disabled = _bool(env, "IDEMPOTENCY_DISABLED", False)
+    original_handler, table = _handler_and_table(env, disabled)
+    prefix, prefix_variable = _prefix(env, disabled)
+    key_jmespath = _text(env, "IDEMPOTENCY_KEY_JMESPATH")
+    key_header = _key_header(env)
+    caller_headers = _caller_headers(env, key_header)
+    attributes = _attributes(env)
+    partition_value = _partition(env, attributes, prefix, prefix_variable, disabled)
+    values: dict[str, Any] = {field: _read(env, variable, reader, default, arguments)
+                              for field, variable, reader, default, arguments in _PLAIN}
+    values.update((field, _choice(env, variable, default, accepted) == meaning)
+                  for field, variable, accepted, default, meaning in _DECIDED)
     return Config(
         disabled=disabled,
         table=table,
-        scope=_choice(env, "IDEMPOTENCY_SCOPE", "auto", _SCOPES),
-        stream_failures=_choice(env, "IDEMPOTENCY_STREAM_FAILURES", "checkpoint", STREAM_FAILURES),
-        key_jmespath=key_jmespath,
-        payload_jmespath=_text(env, "IDEMPOTENCY_PAYLOAD_JMESPATH"),
-        http=_choice(env, "IDEMPOTENCY_HTTP", "auto", _HTTP_MODES),
+        key_jmespath=None if key_jmespath == "@" else key_jmespath,
         key_header=key_header,
         caller_headers=caller_headers,
         key_prefix=prefix or "",
-        require_key=_bool(env, "IDEMPOTENCY_REQUIRE_KEY", False),
-        ttl_seconds=_int(env, "IDEMPOTENCY_TTL_SECONDS", 3600, 1, 366 * 24 * 3600),
-        in_progress_seconds=_int(env, "IDEMPOTENCY_IN_PROGRESS_SECONDS", 0, 0, 366 * 24 * 3600),
-        wait_seconds=_float(env, "IDEMPOTENCY_WAIT_SECONDS", 0.0, 0.0, 900.0),
-        local_cache_size=_int(env, "IDEMPOTENCY_LOCAL_CACHE_SIZE", 0, 0, 100_000),
         attributes=attributes,
         partition_value=partition_value,
         log_level=_log_level(env),
-        transport=_choice(env, "IDEMPOTENCY_TRANSPORT", "lean", _TRANSPORTS),
-        connect_timeout=_float(env, "IDEMPOTENCY_CONNECT_TIMEOUT", 2.0, 0.05, 60.0),
-        read_timeout=_float(env, "IDEMPOTENCY_READ_TIMEOUT", 3.0, 0.05, 60.0),
-        max_attempts=_int(env, "IDEMPOTENCY_MAX_ATTEMPTS", 3, 1, 10),
         original_handler=original_handler,
-        metrics=_choice(env, "IDEMPOTENCY_METRICS", "off", _METRICS),
         metrics_namespace=_namespace(env),
-        function_name=_text(env, "AWS_LAMBDA_FUNCTION_NAME"),
-        region=_text(env, "AWS_REGION"),
-        batch_response=_choice(env, "IDEMPOTENCY_BATCH_RESPONSE", "partial", BATCH_RESPONSES),
-        batch_precheck=_choice(env, "IDEMPOTENCY_BATCH_PRECHECK", "auto", BATCH_PRECHECKS),
+        **values,
     )

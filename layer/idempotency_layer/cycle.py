@@ -1,9 +1,13 @@
 """The state machine: claim -> invoke -> complete or release, and replay.
 
-It knows nothing of Lambda or DynamoDB: it is given a key, a way to invoke the handler and a `Store`.
-`run` serves a whole event; its steps (`claim`, `complete`, `release`) serve batch records, whose handler
-call covers many keys at once. Errors it raises carry the key, so a
-caller can map them to responses.
+It knows nothing of Lambda or DynamoDB: it is given a key, a way to invoke the handler, a `Store` and the running
+`Invocation` (its time and its counts). `run` serves a whole event or a request; its steps (`claim`, `complete`,
+`release`) serve batch records, whose one handler call covers many keys. `claim` answers one type per outcome
+(`Claimed`, `Found`) or raises why it cannot (in progress, another payload, the store's failure). Errors it raises
+carry the key, so a caller can map them to responses.
+
+What this environment learns once and keeps (`Environment`) is the only state that outlives an invocation: a
+refusal to run any handler after a completion failed for good, and that the role lacks BatchGetItem.
 """
 
 from __future__ import annotations
@@ -17,8 +21,7 @@ from collections import OrderedDict, namedtuple
 from collections.abc import Callable
 
 from . import codec
-from .config import BATCH_PRECHECKS
-from .dynamodb.deadline import LAST_CHANCE_S, Deadline
+from .deadline import LAST_CHANCE_S, Deadline
 from .errors import (
     IdempotencyAlreadyInProgressError,
     IdempotencyClaimConflictError,
@@ -28,13 +31,14 @@ from .errors import (
     IdempotencyResultTooLargeError,
 )
 from .log import fields
+from .results import Results, Undeliverable, ValueResults
 from .store import COMPLETED, READ_KEYS, Record, Store
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
-    from typing import Any, Protocol
-else:
-    Protocol = object  # the interface's documentation at run time; structural for type checkers
+    from typing import Any, NamedTuple
+
+    from .invocation import Invocation
 
 MAX_CLAIM_ATTEMPTS = 3
 # A claim outlasts its invocation's deadline by this much. Whether a claim has expired is judged by the clock of
@@ -81,34 +85,53 @@ def _claim_by(deadline: Deadline) -> Deadline:
     return Deadline(max(deadline.at - CLAIM_DEADLINE_MARGIN_MS / 1000, time.monotonic()))
 
 
-class Undeliverable(Exception):
-    """Raised by `Results.encode`: the result cannot be handed back at all, so it must not be stored."""
+if TYPE_CHECKING:
+    class _OutcomeFields(NamedTuple):
+        value: Any
+        replayed: bool
+else:
+    _OutcomeFields = namedtuple("Outcome", ("value", "replayed"))
 
 
-class Outcome(namedtuple("Outcome", ("value", "replayed"))):
-    # value: Any
-    # replayed: bool
+class Outcome(_OutcomeFields):
     __slots__ = ()
 
 
-class Results(Protocol):
-    """How a result is stored and handed back; both paths must hand back the same kind of value."""
-
-    def encode(self, value: Any) -> tuple[Any, codec.Encoded]:
-        """What to hand back for a fresh result, and what to store; raises `Undeliverable`."""
-
-    def decode(self, encoded: codec.Encoded) -> Any:
-        """What to hand back for a stored result."""
+if TYPE_CHECKING:
+    class _ClaimedFields(NamedTuple):
+        owner: str
+else:
+    _ClaimedFields = namedtuple("Claimed", ("owner",))
 
 
-class ValueResults:
-    """Outside a runtime: the value itself first, an equal value on replay."""
+class Claimed(_ClaimedFields):
+    """`claim`'s answer when we hold the claim: our owner token, for the completion or the release."""
+    __slots__ = ()
 
-    def encode(self, value: Any) -> tuple[Any, codec.Encoded]:
-        return value, codec.encode(value)
 
-    def decode(self, encoded: codec.Encoded) -> Any:
-        return codec.decode(encoded)
+if TYPE_CHECKING:
+    class _FoundFields(NamedTuple):
+        record: Record
+else:
+    _FoundFields = namedtuple("Found", ("record",))
+
+
+class Found(_FoundFields):
+    """`claim`'s answer when the key is done: the live completed record (to replay, or a batch record's "done")."""
+    __slots__ = ()
+
+
+class Environment:
+    """What this execution environment learned and keeps for its life, the cycle's only lasting state: `refusal`,
+    set when a completion failed for a reason no retry can change (from then on no handler runs here, since no run
+    could be recorded and every duplicate would run again); `precheck_denied`, set when the role lacks
+    dynamodb:BatchGetItem (batches are then claimed without the one read, as IDEMPOTENCY_BATCH_PRECHECK=never)."""
+
+    __slots__ = ("precheck_denied", "refusal")
+
+    def __init__(self) -> None:
+        self.refusal: str | None = None
+        self.precheck_denied = False
 
 
 class LocalCache:
@@ -167,7 +190,11 @@ def _when(epoch_ms: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch_ms / 1000))
 
 
+
 class Cycle:
+    """The protocol for one environment's handler: its store, how results are kept, its time settings, its local
+    cache and its `Environment`. Every method that serves an invocation is given it (`inv`)."""
+
     def __init__(
         self,
         store: Store,
@@ -178,13 +205,10 @@ class Cycle:
         min_claim_ms: int = 0,
         wait_seconds: float = 0.0,
         sleep: Callable[[float], None] = time.sleep,
-        batch_precheck: str = "auto",
+        precheck: str = "auto",
     ) -> None:
-        if batch_precheck not in BATCH_PRECHECKS:
-            raise ValueError(f"batch_precheck must be one of {', '.join(BATCH_PRECHECKS)}")
         self.store = store
-        # IDEMPOTENCY_BATCH_PRECHECK; "never" from the first answer that the role lacks dynamodb:BatchGetItem.
-        self.batch_precheck = batch_precheck
+        self.precheck_mode = precheck  # IDEMPOTENCY_BATCH_PRECHECK: auto, always or never (config decided it)
         self.results: Results = results or ValueResults()
         self.ttl_seconds = ttl_seconds
         self.cache = LocalCache(cache_size) if cache_size > 0 else None
@@ -192,63 +216,48 @@ class Cycle:
         self.min_claim_ms = min_claim_ms  # IDEMPOTENCY_IN_PROGRESS_SECONDS: a claim lasts at least this long
         self.wait_seconds = wait_seconds
         self.sleep = sleep
-        # Set when a completion failed for a reason no retry can change: from then on this environment runs no
-        # handler, since no run of it could be recorded and every duplicate would run again.
-        self.refusal: str | None = None
-        # The invocation's counts (metrics.Tally) while one runs, when metrics or INFO logs are on; else None, and
-        # counting costs one test of it per invocation (the HTTP runner's makes two).
-        self.tally: Any = None
+        self.environment = Environment()
 
-    def run(self, key: str, invoke: Callable[[], Any], remaining_ms: int, fingerprint: str | None = None,
+    def run(self, inv: Invocation, key: str, invoke: Callable[[], Any], fingerprint: str | None = None,
             results: Results | None = None, keep: Callable[[Any], bool] | None = None) -> Outcome:
         """Run `invoke` once for `key`, or replay the result of the run that did.
 
-        `remaining_ms` is how long this invocation may still take: the claim lasts that long. A result that
-        `results.encode` finds undeliverable is not stored, and the claim is released. `fingerprint`, when
-        given, must match the one the key's record was claimed with. `results` overrides how this key's
-        result is stored and handed back; a result `keep` refuses is handed back but not stored (the claim
-        is released, so a retry runs again).
+        The claim lasts what `inv` had left when it started. A result that `results.encode` finds undeliverable is
+        not stored, and the claim is released. `fingerprint`, when given, must match the one the key's record was
+        claimed with. `results` overrides how this key's result is stored and handed back; a result `keep` refuses
+        is handed back but not stored (the claim is released, so a retry runs again).
         """
         results = results or self.results
-        deadline = Deadline.after(remaining_ms / 1000)  # the invocation's, for completion and release
-        if self.tally is not None:
-            self.tally.key = key
         self.check()
         try:
-            cached = self.cached(key, fingerprint, _claim_by(deadline))
+            cached = self.cached(inv, key, fingerprint)
             if cached is not None:
-                self.count("LocalCacheReplays")
+                inv.count("LocalCacheReplays")
                 return Outcome(self._decode(key, cached, results), True)
             try:
-                claimed = self.claim(key, remaining_ms, fingerprint, deadline)
+                claimed = self.claim(inv, key, fingerprint)
             except IdempotencyAlreadyInProgressError:
                 if self.wait_seconds <= 0:
                     raise
-                claimed = self._wait(key, remaining_ms, fingerprint)
+                claimed = self._wait(inv, key, fingerprint)
         except (IdempotencyAlreadyInProgressError, IdempotencyPayloadMismatchError) as error:
             in_progress = isinstance(error, IdempotencyAlreadyInProgressError)
-            self.count("InProgressConflicts" if in_progress else "PayloadMismatches")
+            inv.count("InProgressConflicts" if in_progress else "PayloadMismatches")
             raise
-        if isinstance(claimed, Record):
-            self.count("Replays")
-            return self._replay(claimed, results)
-        self.count("FirstExecutions")
-        return Outcome(self._invoke(key, claimed, invoke, fingerprint, results, keep, deadline), False)
-
-    def count(self, name: str) -> None:
-        """One more of `name` in the running invocation's counts, when it is counted."""
-        if self.tally is not None:
-            self.tally.add(name)
+        if isinstance(claimed, Found):
+            inv.count("Replays")
+            return self._replay(claimed.record, results)
+        inv.count("FirstExecutions")
+        return Outcome(self._invoke(inv, key, claimed.owner, invoke, results, keep), False)
 
     # -- the steps, for callers that run many keys around one handler call (batch records) ----------------
 
     def check(self) -> None:
         """Raise if this environment must run no handler at all."""
-        if self.refusal is not None:
-            raise IdempotencyPersistenceLayerError(self.refusal)
+        if self.environment.refusal is not None:
+            raise IdempotencyPersistenceLayerError(self.environment.refusal)
 
-    def cached(self, key: str, fingerprint: str | None = None, deadline: Deadline | None = None
-               ) -> codec.Encoded | None:
+    def cached(self, inv: Invocation, key: str, fingerprint: str | None = None) -> codec.Encoded | None:
         """The result of `key` from this environment's memory, once one consistent read without the result says
         its record is still the one completed with it (live, completed, the same owner: not purged, not run again
         elsewhere); else None, and the entry is dropped. A read that fails is None too: the claim decides.
@@ -259,7 +268,7 @@ class Cycle:
             return None
         result, owner = entry
         try:
-            record = self.store.peek(key, deadline)
+            record = inv.request(self.store.peek, key, _claim_by(inv.deadline))
         except IdempotencyPersistenceLayerError as error:
             logger.info("checking the cached record of key %r failed; claiming it instead: %s", key, error,
                         extra=fields(key))
@@ -278,7 +287,7 @@ class Cycle:
         now = self.clock()
         return any(self.cache.holds(key, now) for key in keys)
 
-    def precheck(self, wanted: dict[str, str | None], remaining_ms: int, redelivered: bool
+    def precheck(self, inv: Invocation, wanted: dict[str, str | None], redelivered: bool
                  ) -> dict[str, Record | IdempotencyPayloadMismatchError]:
         """The completed records among `wanted` (key -> the fingerprint its copy carries), read with one
         consistent BatchGetItem per `READ_KEYS` keys, so a redelivered batch's done records cost no claim.
@@ -290,17 +299,16 @@ class Cycle:
         failed read leaves its keys to the claims, with a warning."""
         found: dict[str, Record | IdempotencyPayloadMismatchError] = {}
         keys = list(wanted)
-        mode = self.batch_precheck
+        mode = "never" if self.environment.precheck_denied else self.precheck_mode
         if mode == "never" or (mode == "auto" and not redelivered) or len(keys) < 2:
             return found  # (one key: its claim answers a done record in one request too)
-        until = Deadline.after(max(0, remaining_ms) * PRECHECK_SHARE / 1000)
+        until = Deadline.after(max(0, inv.remaining_ms) * PRECHECK_SHARE / 1000)
         for start in range(0, len(keys), READ_KEYS):
             try:
-                records = self._read(keys[start:start + READ_KEYS], until)
+                records = self._read(inv, keys[start:start + READ_KEYS], until)
             except IdempotencyPersistenceLayerError as error:
-                cause = error.__cause__
-                if getattr(cause, "code", None) == "AccessDeniedException":
-                    self.batch_precheck = "never"
+                if error.denied:
+                    self.environment.precheck_denied = True
                     logger.warning("the function's role lacks dynamodb:BatchGetItem on the table: batches are no "
                                    "longer pre-checked in this environment, each record is claimed (grant it to "
                                    "answer a redelivered batch in one request)", extra=fields(None))
@@ -324,12 +332,12 @@ class Cycle:
                     found[key] = record
         return found
 
-    def _read(self, keys: list[str], until: Deadline) -> dict[str, Record]:
+    def _read(self, inv: Invocation, keys: list[str], until: Deadline) -> dict[str, Record]:
         """`store.read` of `keys`, the keys it leaves unprocessed read again with backoff while `until` allows."""
         records: dict[str, Record] = {}
         delay = FIRST_READ_RETRY_S
         for attempt in range(1, MAX_READ_ATTEMPTS + 1):
-            read, keys = self.store.read(keys, until)
+            read, keys = inv.request(self.store.read, keys, until)
             records.update(read)
             if not keys:
                 return records
@@ -342,70 +350,70 @@ class Cycle:
             delay = min(delay * 2, LAST_READ_RETRY_S)
         return records
 
-    def claim(self, key: str, remaining_ms: int, fingerprint: str | None = None,
-              deadline: Deadline | None = None) -> str | Record:
-        """Claim `key`: our owner token when we hold the claim, else the completed record that is there.
+    def claim(self, inv: Invocation, key: str, fingerprint: str | None = None,
+              remaining_ms: int | None = None) -> Claimed | Found:
+        """Claim `key` for `inv`: `Claimed` with our owner token, or `Found` with the completed record there.
 
-        Raises `IdempotencyPayloadMismatchError` when the live record there was claimed with another
-        fingerprint, else `IdempotencyAlreadyInProgressError` when another invocation holds a live claim. Safe
-        to call from several threads at once.
+        The claim lasts `remaining_ms` (by default what `inv` had left when it started). Raises
+        `IdempotencyPayloadMismatchError` when the live record there was claimed with another fingerprint, else
+        `IdempotencyAlreadyInProgressError` when another invocation holds a live claim, else the store's error
+        (a claim that may have landed is withdrawn first). Safe to call from several threads at once.
         """
         owner = os.urandom(16).hex()
-        # The invocation's deadline, for the claim and the withdraw; callers that claim later than they measured
-        # `remaining_ms` (a batch's queued claims) pass it.
-        if deadline is None:
-            deadline = Deadline.after(remaining_ms / 1000)
+        remaining = inv.remaining_ms if remaining_ms is None else remaining_ms
         try:
-            record = self._claim(key, owner, remaining_ms, fingerprint, _claim_by(deadline))
+            record = self._claim(inv, key, owner, remaining, fingerprint)
         except IdempotencyPersistenceLayerError as error:
             if error.uncertain:
-                self._withdraw(key, owner, _requests_by(deadline))
+                self._withdraw(inv, key, owner)
             raise
-        return owner if record is None else record
+        return Claimed(owner) if record is None else Found(record)
 
-    def _withdraw(self, key: str, owner: str, deadline: Deadline | None) -> None:
+    def _withdraw(self, inv: Invocation, key: str, owner: str) -> None:
         # The claim may have landed though it failed (its answer lost, a 5xx), and would block the key until the
         # deadline though the handler never ran. Deleting it under our own owner token is safe either way: it
         # deletes nothing of anyone else's. A claim still in flight may land after this, and then blocks.
         try:
-            if self.store.release(key, owner, deadline):
+            if inv.request(self.store.release, key, owner, _requests_by(inv.deadline)):
                 logger.warning("claiming key %r failed with an answer that leaves open whether it landed; withdrew "
                                "any claim of ours there", key, extra=fields(key, "store_error"))
         except Exception:
             logger.debug("withdrawing a claim on key %r that may have landed failed too", key,
                          extra=fields(key, "store_error"))
 
-    def complete(self, key: str, owner: str, result: codec.Encoded, deadline: Deadline | None = None) -> None:
+    def complete(self, inv: Invocation, key: str, owner: str, result: codec.Encoded) -> None:
         """Mark our claim on `key` completed with `result`. Never raises: the handler has run, and failing now
         would make the caller retry into a second run.
 
-        `deadline` is the invocation's: every attempt, the transport's own retries and
-        timeouts included, ends `RETURN_MARGIN_MS` before it. A failure a retry may cure (throttling, a 5xx, a
-        lost connection) is retried with backoff while more than `COMPLETE_MARGIN_MS` would be left: an
-        uncompleted claim lets the next copy after the invocation's deadline run the handler again. Retrying is
-        safe: the write is conditioned on our owner token, so a retry of a write that landed lands again."""
+        Every attempt, the transport's own retries and timeouts included, ends `RETURN_MARGIN_MS` before the
+        invocation's deadline. A failure a retry may cure (throttling, a 5xx, a lost connection) is retried with
+        backoff while more than `COMPLETE_MARGIN_MS` would be left: an uncompleted claim lets the next copy after
+        the invocation's deadline run the handler again. Retrying is safe: the write is conditioned on our owner
+        token, so a retry of a write that landed lands again."""
         expires_at = int(self.clock()) + self.ttl_seconds
+        deadline = inv.deadline
         last = _requests_by(deadline)
-        if last is not None and deadline is not None and last.passed():
+        assert last is not None
+        if last.passed():
             # Under the usual bound an attempt starting now would get less than LAST_CHANCE_S, down to nothing
             # (a handler returning 201 ms before the deadline got 1 ms): it gets up to LAST_CHANCE_S instead,
             # ending LATE_COMPLETE_MARGIN_MS before the deadline at the latest (the transport gives an attempt
             # until `last + LAST_CHANCE_S`), so the time a completion gets never shrinks as the handler ends later.
             last = deadline.earlier(LATE_COMPLETE_MARGIN_MS / 1000 + LAST_CHANCE_S)
-        retry_by = None if deadline is None else deadline.earlier(COMPLETE_MARGIN_MS / 1000)
+        retry_by = deadline.earlier(COMPLETE_MARGIN_MS / 1000)
         delay = FIRST_COMPLETE_RETRY_S
         attempt = 1
         while True:
             try:
-                completed = self.store.complete(key, owner, result, expires_at, last)
+                completed = inv.request(self.store.complete, key, owner, result, expires_at, last)
                 break
             except IdempotencyPersistenceLayerError as error:
                 pause = delay * (0.5 + random.random() / 2)
-                if error.permanent or retry_by is None or not retry_by.allows(pause):
-                    return self._completion_failed(key, error, attempt)
+                if error.permanent or not retry_by.allows(pause):
+                    return self._completion_failed(inv, key, error, attempt)
                 logger.warning("completing key %r failed (attempt %d), retrying in %.2f s: %s", key, attempt, pause,
                                error, extra=fields(key))
-                self.count("CompletionRetries")
+                inv.count("CompletionRetries")
                 self.sleep(pause)
                 delay = min(delay * 2, LAST_COMPLETE_RETRY_S)
                 attempt += 1
@@ -414,36 +422,37 @@ class Cycle:
                              type(error).__name__, extra=fields(key))
                 bare = result if result.data is None else codec.Encoded(codec.TOO_LARGE, None)
                 try:
-                    self.store.complete(key, owner, bare, expires_at, last)
+                    inv.request(self.store.complete, key, owner, bare, expires_at, last)
                 except BaseException:
                     logger.error("completing key %r without its result failed too; it stays claimed until its "
                                  "deadline", key, extra=fields(key))
-                    self.count("CompletionFailures")
+                    inv.count("CompletionFailures")
                 return
         if not completed:
             logger.error("claim on key %r expired and was taken over before completion; returning our result", key,
                          extra=fields(key))
-            self.count("CompletionFailures")
+            inv.count("CompletionFailures")
         elif self.cache is not None:
             self.cache.put(key, expires_at, result, owner)
 
-    def _completion_failed(self, key: str, error: IdempotencyPersistenceLayerError, attempts: int) -> None:
+    def _completion_failed(self, inv: Invocation, key: str, error: IdempotencyPersistenceLayerError,
+                           attempts: int) -> None:
         logger.error("completing key %r failed after %d attempt(s)%s; returning the result anyway: %s", key,
                      attempts, " (the request may have landed)" if error.uncertain else "", error, extra=fields(key))
-        self.count("CompletionFailures")
+        inv.count("CompletionFailures")
         if error.permanent:
-            self.refusal = (
+            self.environment.refusal = (
                 f"this execution environment runs no more handlers: completing key {key!r} failed for a reason "
                 f"no retry can change ({error}); fix the table or the function's role, then redeploy"
             )
-            logger.error("%s", self.refusal, extra=fields(key))
+            logger.error("%s", self.environment.refusal, extra=fields(key))
 
-    def release(self, key: str, owner: str, deadline: Deadline | None = None) -> None:
-        """Delete our claim on `key`, so a retry runs the handler again. Never raises. `deadline`: the
-        invocation's, as for `complete`, so the handler's own error reaches the caller before the timeout."""
+    def release(self, inv: Invocation, key: str, owner: str) -> None:
+        """Delete our claim on `key`, so a retry runs the handler again. Never raises. Its requests end
+        `RETURN_MARGIN_MS` before the invocation's deadline, so the handler's own error reaches the caller first."""
         released = "Releases"  # what the tally counts: a claim that stays is not a release
         try:
-            if not self.store.release(key, owner, _requests_by(deadline)):
+            if not inv.request(self.store.release, key, owner, _requests_by(inv.deadline)):
                 logger.warning("claim on key %r was taken over before release; left it alone", key,
                                extra=fields(key, "released"))
         except IdempotencyPersistenceLayerError as error:
@@ -457,18 +466,20 @@ class Cycle:
             released = "ReleaseFailures"
             logger.error("releasing key %r failed; it stays claimed until its deadline", key, exc_info=True,
                          extra=fields(key, "release_failed"))
-        self.count(released)
+        inv.count(released)
 
     # -- internals ----------------------------------------------------------------------------------------
 
-    def _claim(self, key: str, owner: str, remaining_ms: int, fingerprint: str | None,
-               deadline: Deadline | None = None) -> Record | None:
+    def _claim(self, inv: Invocation, key: str, owner: str, remaining_ms: int,
+               fingerprint: str | None) -> Record | None:
+        claim_by = _claim_by(inv.deadline)
         for _ in range(MAX_CLAIM_ATTEMPTS):
             now = self.clock()
             in_progress_until = int(now * 1000) + max(0, remaining_ms, self.min_claim_ms) + CLAIM_MARGIN_MS
             # A claim must not expire (and be taken) while its invocation may still be running.
             expires_at = max(int(now) + self.ttl_seconds, -(-in_progress_until // 1000))
-            record = self.store.claim(key, owner, now, in_progress_until, expires_at, fingerprint, deadline)
+            record = inv.request(self.store.claim, key, owner, now, in_progress_until, expires_at, fingerprint,
+                                 claim_by)
             if record is None or record.owner == owner:  # ours: the transport retried our own write
                 return None
             now = self.clock()
@@ -508,50 +519,50 @@ class Cycle:
                 f"{type(error).__name__}"
             ) from None
 
-    def _wait(self, key: str, remaining_ms: int, fingerprint: str | None) -> str | Record:
+    def _wait(self, inv: Invocation, key: str, fingerprint: str | None) -> Claimed | Found:
         """Wait for the live claim on `key` to end: the completed record to replay, or our own claim once it was
         released or expired. Raises the in-progress error when the wait or the invocation runs out first."""
         started = time.monotonic()
-        self.count("Waits")
+        inv.count("Waits")
         # The wait ends when it is spent or WAIT_MARGIN_MS before the invocation's deadline, whichever is first;
         # every poll carries that point as its deadline, and none starts that it seems it could not finish by
         # then (judged by how long the last one took), so a slow table answers in-progress, not a timeout.
-        wait_end = Deadline(started + min(self.wait_seconds, (remaining_ms - WAIT_MARGIN_MS) / 1000))
+        wait_end = Deadline(started + min(self.wait_seconds, (inv.remaining_ms - WAIT_MARGIN_MS) / 1000))
         delay = FIRST_POLL_S
         poll_s = 0.0  # how long the last poll took
         while True:
             left = wait_end.left() - poll_s
             if left <= 0:
-                raise self._still_running(key, started)
+                raise self._still_running(inv, key, started)
             self.sleep(min(delay * (0.5 + random.random() / 2), left))  # the last poll ends as the wait ends
             delay = min(delay * 2, LAST_POLL_S)
             polled = time.monotonic()
             try:
-                record = self.store.get(key, wait_end)  # a consistent read
+                record = inv.request(self.store.get, key, wait_end)  # a consistent read
             except IdempotencyPersistenceLayerError:
                 if wait_end.passed():  # cut by the wait's end: the claim was live when last seen
-                    raise self._still_running(key, started) from None
+                    raise self._still_running(inv, key, started) from None
                 raise
             poll_s = time.monotonic() - polled
             now = self.clock()
             if record is not None and not record.is_expired(now):
                 _check_fingerprint(key, record.fingerprint, fingerprint)
                 if record.status == COMPLETED:
-                    self.count("WaitsReplayed")
-                    return record
+                    inv.count("WaitsReplayed")
+                    return Found(record)
                 if not record.is_claim_expired(now):
                     continue
             # Released or expired: claim it ourselves, for the time this invocation has left.
-            left_ms = remaining_ms - int((time.monotonic() - started) * 1000)
+            left_ms = inv.remaining_ms - int((time.monotonic() - started) * 1000)
             try:
-                claimed = self.claim(key, left_ms, fingerprint)
+                claimed = self.claim(inv, key, fingerprint, left_ms)
             except IdempotencyAlreadyInProgressError:
                 continue  # another copy claimed it first: wait for that one
-            self.count("WaitsReplayed" if isinstance(claimed, Record) else "WaitsClaimed")
+            inv.count("WaitsReplayed" if isinstance(claimed, Found) else "WaitsClaimed")
             return claimed
 
-    def _still_running(self, key: str, started: float) -> IdempotencyAlreadyInProgressError:
-        self.count("WaitsTimedOut")
+    def _still_running(self, inv: Invocation, key: str, started: float) -> IdempotencyAlreadyInProgressError:
+        inv.count("WaitsTimedOut")
         return IdempotencyAlreadyInProgressError(
             f"another invocation is still running key {key!r} after waiting {time.monotonic() - started:.1f} s "
             "for it (IDEMPOTENCY_WAIT_SECONDS)"
@@ -566,22 +577,21 @@ class Cycle:
             self.cache.put(record.key, record.expires_at, result, record.owner)
         return Outcome(value, True)
 
-    def _invoke(self, key: str, owner: str, invoke: Callable[[], Any], fingerprint: str | None = None,
-                results: Results | None = None, keep: Callable[[Any], bool] | None = None,
-                deadline: Deadline | None = None) -> Any:
+    def _invoke(self, inv: Invocation, key: str, owner: str, invoke: Callable[[], Any], results: Results,
+                keep: Callable[[Any], bool] | None = None) -> Any:
         try:
             value = invoke()
         except BaseException:
-            self.release(key, owner, deadline)
+            self.release(inv, key, owner)
             raise
         if keep is not None and not keep(value):
-            self.release(key, owner, deadline)  # e.g. an HTTP 5xx: the work did not complete, so a retry must run again
+            self.release(inv, key, owner)  # e.g. an HTTP 5xx: the work did not complete, so a retry must run again
             return value
         # From here on the handler has run: every failure of ours ends in a completion, never a bare claim.
         try:
-            delivered, result = (results or self.results).encode(value)
+            delivered, result = results.encode(value)
         except Undeliverable:
-            self.release(key, owner, deadline)  # the runtime reports its own error for it, as it would without us
+            self.release(inv, key, owner)  # the runtime reports its own error for it, as it would without us
             return value
         except BaseException as error:  # our own failure (a bug, MemoryError, RecursionError): do not rerun
             logger.error("result of key %r cannot be stored (%s); replays will raise", key, type(error).__name__,
@@ -590,6 +600,6 @@ class Cycle:
         if result.format == codec.TOO_LARGE:
             logger.warning("result of key %r is too large to store; replays will raise", key,
                            extra=fields(key, "first_run"))
-            self.count("ResultsTooLarge")
-        self.complete(key, owner, result, deadline)
+            inv.count("ResultsTooLarge")
+        self.complete(inv, key, owner, result)
         return delivered

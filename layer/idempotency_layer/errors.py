@@ -25,12 +25,15 @@ class IdempotencyPersistenceLayerError(IdempotencyError):
     """The table could not be read or written; the handler was not run.
 
     `permanent`: retrying cannot help (no table, no permission, a request the table refuses). `uncertain`: the
-    failed request may have been applied all the same (its answer lost, a 5xx)."""
+    failed request may have been applied all the same (its answer lost, a 5xx). `denied`: the function's role may
+    not make this request (a permission the layer can work without, such as BatchGetItem's, is then given up)."""
 
-    def __init__(self, message: str, *, permanent: bool = False, uncertain: bool = False) -> None:
+    def __init__(self, message: str, *, permanent: bool = False, uncertain: bool = False,
+                 denied: bool = False) -> None:
         super().__init__(message)
         self.permanent = permanent
         self.uncertain = uncertain
+        self.denied = denied
 
 
 class IdempotencyResultTooLargeError(IdempotencyError):

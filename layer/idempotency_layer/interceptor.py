@@ -3,8 +3,8 @@
 Everything that can be done once happens at import, during the function's init: the configuration is read
 and validated, the user's handler resolved by the runtime's own resolver (so a bad module fails init with the
 runtime's error naming the user's module), and `build` assembles the handler: the key expression compiled, the
-transport built, the table checked. `build` only assembles: each source's rules are in its module
-(`sources.batch`, `sources.http`), the runtime's marshalling in `results`.
+transport built, the table checked. `build` only assembles: each event is planned by `sources.plan` and carried out
+by `executor.Executor`, with an `Invocation` made for each call; the runtime's marshalling is in `results`.
 """
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-from functools import partial
 
 from . import config as _config
-from .errors import IdempotencyConfigurationError, IdempotencyKeyError
-from .log import LOGGER_NAME, fields, setup
+from .errors import IdempotencyConfigurationError
+from .log import LOGGER_NAME, setup
 from .results import runtime_attribute, runtime_results
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
@@ -68,41 +67,17 @@ def _transport(config: _config.Config) -> Any:
         ) from error
 
 
-class _Whole:
-    """An event run whole: one key for the event (the key expression's, or the whole event's)."""
-
-    def __init__(self, cycle: Any, keys: Any, require_key: bool, handler: Any, expression: str | None) -> None:
-        self.cycle, self.keys, self.require_key, self.handler = cycle, keys, require_key, handler
-        self.expression = expression or "@"
-
-    def run(self, event: Any, context: Any) -> Any:
-        key = self.keys.key(event)  # before the handler runs: a handler that mutates its event cannot move it
-        if key is None:
-            if self.require_key:
-                raise IdempotencyKeyError(
-                    f"IDEMPOTENCY_KEY_JMESPATH={self.expression!r} selected nothing from the event "
-                    "and IDEMPOTENCY_REQUIRE_KEY is true, so the handler did not run"
-                )
-            _logger.warning(
-                "IDEMPOTENCY_KEY_JMESPATH=%r selected nothing from the event; running without idempotency",
-                self.expression, extra=fields(None, "passed_through"),
-            )
-            self.cycle.count("PassThroughs")
-            return self.handler(event, context)
-        fingerprint = self.keys.fingerprint(event)
-        return self.cycle.run(key, partial(self.handler, event, context), _remaining_ms(context), fingerprint).value
-
-
 def build(config: _config.Config, user_handler: Any, *, transport: Any = None, store: Any = None,
           cycle: Any = None) -> Any:
-    """The handler that makes `user_handler` idempotent under `config`: the cycle built on `store` (by default
-    on `transport`, by default the one `config` names; the table's key schema checked) unless one is given.
-
-    Each event goes to one runner: an HTTP request to `sources.http`'s, a batch to `sources.batch`'s (each
-    module imported, and its runner built, for the first event of its kind), anything else to the whole-event
-    runner."""
+    """The handler that makes `user_handler` idempotent under `config`: each event planned (`sources.plan`) and the
+    plan carried out (`executor.Executor`) on the cycle, built on `store` (by default on `transport`, by default the
+    one `config` names; the table's key schema checked) unless one is given. A source's module is imported with the
+    first event of its kind."""
     from .cycle import Cycle
-    from .keys import KeyDeriver, route
+    from .executor import Executor
+    from .invocation import Invocation
+    from .keys import KeyDeriver
+    from .sources import plan
     from .store import DynamoDBStore
 
     keys = KeyDeriver(config.key_prefix, config.key_jmespath, config.payload_jmespath)
@@ -113,71 +88,31 @@ def build(config: _config.Config, user_handler: Any, *, transport: Any = None, s
             store.verify()  # a table whose key schema does not match the settings fails init, before any handler runs
         cycle = Cycle(store, config.ttl_seconds, config.local_cache_size, results=runtime_results(),
                       min_claim_ms=config.in_progress_seconds * 1000, wait_seconds=config.wait_seconds,
-                      batch_precheck=config.batch_precheck)
-    whole = _Whole(cycle, keys, config.require_key, user_handler, config.key_jmespath)
-    batches: Any = None  # the batch runner, built for the first batch
-    requests: Any = None  # the HTTP runner, built for the first HTTP event
+                      precheck=config.batch_precheck)
+    executor = Executor(cycle, user_handler, config)
+    observer: Any = None
+    if config.metrics or _logger.isEnabledFor(logging.INFO):
+        # Only then: each invocation counted and written (metrics.Observer). Otherwise an invocation's tally is None,
+        # and a test of it is all counting costs.
+        from .metrics import Observer, Tally
 
-    said_durable = False
-
-    def durable(event: Any, context: Any) -> Any:
-        # A durable execution re-invokes its function many times by design (each replay with a new checkpoint
-        # token): claiming those invocations would break it. Passed through, whatever the key settings.
-        nonlocal said_durable
-        if not said_durable:
-            said_durable = True
-            _logger.info("a Lambda durable execution's invocation: passed through untouched (the layer never "
-                         "claims durable executions; see the README's Durable functions)")
-        if cycle.tally is not None:
-            cycle.tally.kind = "durable"
-        cycle.count("PassThroughs")
-        return user_handler(event, context)
+        observer = Observer(config.metrics, config.metrics_namespace)
 
     def handler(event: Any, context: Any) -> Any:
-        nonlocal batches, requests
+        tally = None if observer is None else Tally()
+        error = None
         try:
-            kind, found = route(config, event)  # imports a source's module for the first event of its kind
-            if kind == "durable":
-                return durable(event, context)
-            if kind == "http":
-                if requests is None:
-                    from .sources import http
-
-                    requests = http.Runner(cycle, keys, user_handler, _remaining_ms, config)
-                return requests.run(found, event, context)
-            if kind == "batch":
-                if batches is None:
-                    from .sources import batch
-
-                    batches = batch.Runner(cycle, keys, config.require_key, user_handler, config.stream_failures,
-                                           config.batch_response)
-                return batches.run(found, event, context, _remaining_ms(context))
-            return whole.run(event, context)
-        except BaseException as error:
+            found = plan(config, keys, event)  # imports a source's module for the first event of its kind
+            return executor.run(found, event, context, Invocation(_remaining_ms(context), tally))
+        except BaseException as raised:
+            error = raised
             # The runtime reports the traceback: drop the layer's frames (this one frame stays, as in any re-raise).
             # A bare re-raise, not `from`: the user's __cause__ and __context__ stay as they were.
-            raise error.with_traceback(_without_layer_frames(error.__traceback__))  # noqa: B904
-
-    if config.metrics != "off" or _logger.isEnabledFor(logging.INFO):
-        # Only then: each invocation counted and written (metrics.Observer). Otherwise the handler above is the
-        # one, and a test of `cycle.tally` (two for an HTTP request) is all an invocation pays.
-        from .metrics import Observer
-
-        observer = Observer(cycle, config.metrics == "emf", config.metrics_namespace)
-        dispatch = handler
-
-        def handler(event: Any, context: Any) -> Any:
-            tally = observer.start()
-            error = None
-            try:
-                return dispatch(event, context)
-            except BaseException as raised:
-                error = raised
-                # As in the handler above: this frame stays, the layer's frames below it go.
-                raise raised.with_traceback(_without_layer_frames(raised.__traceback__))  # noqa: B904
-            finally:
+            raise raised.with_traceback(_without_layer_frames(raised.__traceback__))  # noqa: B904
+        finally:
+            if tally is not None:
                 observer.finish(tally, context, error)
-                del error  # no cycle from this frame to the exception and back
+            del error  # no cycle from this frame to the exception and back
 
     handler.cycle = cycle  # type: ignore[attr-defined]  # what it runs on (its store, their transport): for tests
     return handler

@@ -77,7 +77,7 @@ def _check_functions(variable: str, expression: str, node: Any, known: dict[str,
     if isinstance(node, dict):
         if node.get("type") == "function_expression":
             name, given = node.get("value"), len(node.get("children", []))
-            spec = known.get(name)
+            spec = known.get(name) if isinstance(name, str) else None
             if spec is None:
                 raise IdempotencyConfigurationError(
                     f"{variable}={expression!r} calls unknown function {name}(); known: "
@@ -203,65 +203,3 @@ class KeyDeriver:
                 f"the value selected by IDEMPOTENCY_KEY_JMESPATH={self.expression or '@'!r} cannot be hashed: "
                 f"{_describe(error)}"
             ) from None
-
-
-# A durable execution's ARN, as Lambda's API documents its pattern: the function's, then the execution's (its name
-# 1 to 64 characters).
-_DURABLE_ARN = (r"arn:[a-zA-Z0-9-]+:lambda:(?P<region>[a-zA-Z0-9-]+):\d{12}:function:(?P<function>[a-zA-Z0-9_-]+):"
-                r"(?:\$LATEST(?:\.PUBLISHED)?|[0-9]+)/durable-execution/[a-zA-Z0-9_-]{1,64}/[a-zA-Z0-9_-]+")
-
-
-def durable_target(event: Any) -> tuple[str, str] | None:
-    """The (function, Region) whose durable execution `event` is the envelope of, or None: the execution's ARN,
-    a checkpoint token and the execution's state so far (an object), and nothing of a batch or an HTTP request."""
-    if not isinstance(event, dict) or not isinstance(event.get("InitialExecutionState"), dict):
-        return None
-    arn, token = event.get("DurableExecutionArn"), event.get("CheckpointToken")
-    if not isinstance(arn, str) or not isinstance(token, str) or not token or "Records" in event \
-            or "requestContext" in event:
-        return None
-    import re  # (already loaded by the runtime; imported here so the check costs nothing at import)
-
-    match = re.fullmatch(_DURABLE_ARN, arn)
-    return None if match is None else (match["function"], match["region"])
-
-
-def is_durable(event: Any, function_name: str | None, region: str | None) -> bool:
-    """Whether `event` is the envelope Lambda durable executions invoke this function (`function_name`, in `region`
-    when known) with. Such a function is invoked many times per execution by design, each time with a new token:
-    the layer never claims these invocations. Without a function name nothing is taken for one."""
-    target = durable_target(event)
-    return (target is not None and function_name is not None and target[0] == function_name
-            and (region is None or target[1] == region))
-
-
-# Batches that are not a Records list: Kafka's (Amazon MSK, self-managed) and Amazon MQ's (ActiveMQ, RabbitMQ).
-BROKER_SOURCES = ("aws:kafka", "SelfManagedKafka", "aws:mq", "aws:rmq")
-
-
-def route(config: Any, event: Any) -> tuple[str, Any]:
-    """How the layer serves `event` under `config`: ("durable", None) for a durable execution's invocation, which
-    is passed through, ("http", the parsed request), ("batch", the parsed batch) or ("event", None) for a whole
-    event, each with its own key rule. Raises IdempotencyKeyError for an event no
-    source may take (a malformed batch, or no batch under IDEMPOTENCY_SCOPE=record). Side-effect free: the
-    operator CLI calls it too. Here, not in `sources`, so a function that only gets whole events imports no
-    source module at all."""
-    if is_durable(event, config.function_name, config.region):  # whatever the scope and key settings
-        return "durable", None
-    if (config.http == "auto" and config.scope != "record" and isinstance(event, dict)
-            and isinstance(event.get("requestContext"), dict)):
-        from .sources import http  # only functions behind an HTTP source pay for its import
-
-        request = http.parse(event)
-        if request is not None:
-            return "http", request
-    if config.scope != "event" and (config.scope != "auto" or (
-            isinstance(event, dict) and (isinstance(event.get("Records"), list)
-                                         or event.get("eventSource") in BROKER_SOURCES))):
-        # (not a batch under `auto`: the batch module is not even imported for it)
-        from .sources import batch  # a function that is never sent a batch never pays for its import
-
-        found = batch.parse(event, required=config.scope == "record")
-        if found is not None:
-            return "batch", found
-    return "event", None

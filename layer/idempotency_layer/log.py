@@ -16,6 +16,10 @@ import sys
 
 import orjson
 
+TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
+if TYPE_CHECKING:
+    from typing import Any
+
 LOGGER_NAME = "idempotency_layer"
 
 
@@ -23,7 +27,7 @@ class _JsonFormatter(logging.Formatter):
     _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
     def format(self, record: logging.LogRecord) -> str:
-        entry = {
+        entry: dict[str, Any] = {
             "timestamp": self.formatTime(record, "%Y-%m-%dT%H:%M:%SZ"),
             "level": record.levelname,
             "message": record.getMessage(),

@@ -1,11 +1,11 @@
 """What each invocation did: counted while it runs, then written as one CloudWatch embedded metric format (EMF)
 document on stdout (IDEMPOTENCY_METRICS=emf) and one INFO line (when the layer logs at INFO or below).
 
-Imported by `interceptor.build` only when one of the two is asked for: otherwise nothing here runs, and the cycle
-and the runners pay one test of `cycle.tally` (None) per invocation, two for an HTTP request. The cycle and the
-runners count into the running invocation's `Tally` (batch records from several threads at once); `TimedStore`
-times every request of the store. No event or result content ever reaches a document or a line: keys are hashed,
-the rest are counts, names of outcomes and of exception types.
+Imported by `interceptor.build` only when one of the two is asked for: otherwise nothing here runs, and an
+invocation's `Invocation.tally` is None (counting then costs one test of it). The executor and the cycle count into
+the invocation's `Tally` (batch records from several threads at once), and time every request of the store in it
+(`Invocation.request`). No event or result content ever reaches a document or a line: keys are hashed, the rest
+are counts, names of outcomes and of exception types.
 """
 
 from __future__ import annotations
@@ -108,47 +108,6 @@ class Tally:
             self.store_requests += 1
             if failed:
                 self.counts["StoreErrors"] = self.counts.get("StoreErrors", 0) + 1
-
-
-class TimedStore:
-    """The cycle's store, each request timed into the running invocation's tally and its failures counted."""
-
-    def __init__(self, store: Any, cycle: Any) -> None:
-        self.store = store
-        self._cycle = cycle
-
-    def __getattr__(self, name: str) -> Any:  # anything else (verify, names of attributes) is the store's own
-        return getattr(self.store, name)
-
-    def _timed(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
-        failed = True
-        try:
-            answer = request(*args, **kwargs)
-            failed = False
-            return answer
-        finally:
-            tally = self._cycle.tally
-            if tally is not None:
-                tally.stored(time.perf_counter() - started, failed)
-
-    def claim(self, *args: Any, **kwargs: Any) -> Any:
-        return self._timed(self.store.claim, *args, **kwargs)
-
-    def complete(self, *args: Any, **kwargs: Any) -> Any:
-        return self._timed(self.store.complete, *args, **kwargs)
-
-    def release(self, *args: Any, **kwargs: Any) -> Any:
-        return self._timed(self.store.release, *args, **kwargs)
-
-    def get(self, *args: Any, **kwargs: Any) -> Any:
-        return self._timed(self.store.get, *args, **kwargs)
-
-    def read(self, *args: Any, **kwargs: Any) -> Any:
-        return self._timed(self.store.read, *args, **kwargs)
-
-    def peek(self, *args: Any, **kwargs: Any) -> Any:
-        return self._timed(self.store.peek, *args, **kwargs)
 
 
 def outcome(tally: Tally) -> str | None:
@@ -259,10 +218,7 @@ def line(tally: Tally, error: BaseException | None = None) -> tuple[str, dict[st
 class Observer:
     """Counts each invocation of one handler and writes what it did when it ends."""
 
-    def __init__(self, cycle: Any, emf: bool, namespace: str, function_name: str | None = None,
-                 out: Any = None) -> None:
-        self.cycle = cycle
-        cycle.store = TimedStore(cycle.store, cycle)
+    def __init__(self, emf: bool, namespace: str, function_name: str | None = None, out: Any = None) -> None:
         self.emf = emf
         self.namespace = namespace
         self.function_name = function_name or os.environ.get("AWS_LAMBDA_FUNCTION_NAME") or "unknown"
@@ -271,15 +227,9 @@ class Observer:
         self.out = out if out is not None else sys.stdout
         self.level = filter_level(os.environ)
 
-    def start(self) -> Tally:
-        tally = Tally()
-        self.cycle.tally = tally
-        return tally
-
     def finish(self, tally: Tally, context: Any, error: BaseException | None) -> None:
         """Write the invocation's document and line. Never raises: the invocation's answer (the handler's result,
         or its exception) is already decided, and nothing written here may replace it."""
-        self.cycle.tally = None
         if self.emf:
             try:
                 doc = document(tally, self.namespace, self.function_name, int(time.time() * 1000),

@@ -1,6 +1,6 @@
-"""How results are stored and handed back under the Lambda runtime: marshalled once with the runtime's own
-marshaller, found in `sys.modules` (the runtime has loaded it; outside a runtime there is none, and results are
-stored as values)."""
+"""The result protocol: how a result is stored and handed back (`Results`), and under the Lambda runtime, how:
+marshalled once with the runtime's own marshaller, found in `sys.modules` (the runtime has loaded it; outside a
+runtime there is none, and results are stored as values)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,39 @@ from functools import partial
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, Protocol
+
+    from . import codec
+else:
+    Protocol = object  # the interface's documentation at run time; structural for type checkers
+
+
+class Undeliverable(Exception):
+    """Raised by `Results.encode`: the result cannot be handed back at all, so it must not be stored."""
+
+
+class Results(Protocol):
+    """How a result is stored and handed back; both paths must hand back the same kind of value."""
+
+    def encode(self, value: Any) -> tuple[Any, codec.Encoded]:
+        """What to hand back for a fresh result, and what to store; raises `Undeliverable`."""
+
+    def decode(self, encoded: codec.Encoded) -> Any:
+        """What to hand back for a stored result."""
+
+
+class ValueResults:
+    """Outside a runtime: the value itself first, an equal value on replay."""
+
+    def encode(self, value: Any) -> tuple[Any, codec.Encoded]:
+        from . import codec  # (codec and orjson: loaded by the layer's cycle; not by the disabled layer's init)
+
+        return value, codec.encode(value)
+
+    def decode(self, encoded: codec.Encoded) -> Any:
+        from . import codec
+
+        return codec.decode(encoded)
 
 
 def runtime_attribute(attribute: str, *names: str) -> Any:
@@ -73,7 +105,6 @@ class Values:
 
     def encode(self, value: Any) -> tuple[Any, Any]:
         from . import codec
-        from .cycle import Undeliverable
 
         if self.marshal is None:
             return value, codec.encode(value)
@@ -106,7 +137,6 @@ def runtime_results() -> Any:
     if found is None:
         return None
     from . import codec
-    from .cycle import Undeliverable
 
     marshal = found().marshal_response
     if chained():
@@ -123,6 +153,8 @@ def runtime_results() -> Any:
         # A marshaller that does not pass raw JSON through: check the value, then store and replay the value.
         return Values(marshal)
 
+    wrap: Any = raw  # (not None here)
+
     class RuntimeResults:
         def encode(self, value: Any) -> tuple[Any, codec.Encoded]:
             try:
@@ -132,15 +164,15 @@ def runtime_results() -> Any:
                 raise Undeliverable from None
             if isinstance(text, bytes):
                 return text, codec.pack(codec.BYTES, data)
-            return raw(text), codec.pack(codec.RESPONSE, data)
+            return wrap(text), codec.pack(codec.RESPONSE, data)
 
         def decode(self, encoded: codec.Encoded) -> Any:
             value = codec.decode(encoded)  # the text or bytes we stored; a value for a record of Values
             if isinstance(value, bytes):
                 return value
             if encoded.format.removesuffix(codec.COMPRESSED) == codec.RESPONSE:
-                return raw(value)
-            return raw(marshal(value)[0])
+                return wrap(value)
+            return wrap(marshal(value)[0])
 
     return RuntimeResults()
 

@@ -14,13 +14,14 @@ from collections import namedtuple
 
 from . import codec
 from .config import Attributes
-from .dynamodb import CHECK_FAILED, Deadline, DynamoDBError, Transport
+from .deadline import Deadline
+from .dynamodb import CHECK_FAILED, DynamoDBError, Transport
 from .errors import IdempotencyConfigurationError, IdempotencyPersistenceLayerError
 from .log import fields
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
-    from typing import Any, Protocol
+    from typing import Any, NamedTuple, Protocol
 else:
     Protocol = object  # the interface's documentation at run time; structural for type checkers
 
@@ -38,23 +39,29 @@ _PERMANENT = frozenset({
 })
 
 
-class Record(namedtuple("Record", (
-    "key",
-    "status",
-    "expires_at",
-    "in_progress_until",
-    "owner",
-    "result",
-    "fingerprint",
-), defaults=(None,))):
+if TYPE_CHECKING:
+    class _RecordFields(NamedTuple):
+        key: str
+        status: str
+        expires_at: int  # epoch seconds
+        in_progress_until: int | None  # epoch ms
+        owner: str | None
+        result: codec.Encoded | None  # None while in progress
+        fingerprint: str | None = None  # SHA-256 of the claiming event's payload (IDEMPOTENCY_PAYLOAD_JMESPATH)
+else:
+    _RecordFields = namedtuple("Record", (
+        "key",
+        "status",
+        "expires_at",
+        "in_progress_until",
+        "owner",
+        "result",
+        "fingerprint",
+    ), defaults=(None,))
 
-    # key: str
-    # status: str
-    # expires_at: int  # epoch seconds
-    # in_progress_until: int | None  # epoch ms
-    # owner: str | None
-    # result: codec.Encoded | None  # None while in progress
-    # fingerprint: str | None = None  # SHA-256 of the claiming event's payload (IDEMPOTENCY_PAYLOAD_JMESPATH)
+
+class Record(_RecordFields):
+
     __slots__ = ()
 
     def is_expired(self, now: float) -> bool:
@@ -181,6 +188,7 @@ class DynamoDBStore:
             raise IdempotencyPersistenceLayerError(
                 f"DynamoDB {operation} on table {self.table!r} failed for {subject}: {error.code}: {error.message}",
                 permanent=error.code in _PERMANENT, uncertain=error.uncertain,
+                denied=error.code == "AccessDeniedException",
             ) from error
         except Exception as error:
             # E.g. a credential refresh that failed outside botocore's own error types.
@@ -222,13 +230,14 @@ class DynamoDBStore:
         stored_format = item.get(a.result_format)
         if stored_format is not None:
             form = stored_format["S"]
-            value = item.get(a.result)
-            if value is None:
+            stored = item.get(a.result)
+            data: Any
+            if stored is None:
                 data = None
-            elif "S" in value:
-                data = value["S"]
+            elif "S" in stored:
+                data = stored["S"]
             else:
-                data = _blob(value["B"])
+                data = _blob(stored["B"])
             if not isinstance(form, str) or not isinstance(data, (str, bytes, type(None))):
                 raise TypeError("result")
             result = codec.Encoded(form, data)

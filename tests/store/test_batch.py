@@ -17,14 +17,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from idempotency_layer import codec
-from idempotency_layer.cycle import Cycle
+from idempotency_layer.cycle import Claimed, Cycle
 from idempotency_layer.dynamodb import DynamoDBError
 from idempotency_layer.errors import IdempotencyKeyError, IdempotencyPersistenceLayerError
+from idempotency_layer.executor import MAX_IN_FLIGHT
+from idempotency_layer.invocation import Invocation
 from idempotency_layer.keys import KeyDeriver
 from idempotency_layer.sources import batch
 from idempotency_layer.store import DynamoDBStore
 from tests.store.test_correctness import EXAMPLES
 from tests.support import events
+from tests.support.batches import BatchRunner
 
 LONG = 60_000
 
@@ -73,10 +76,10 @@ class Consumer:
 
 def runner(store, consumer, expression=None, require_key=False, cache_size=0):
     cycle = Cycle(store, ttl_seconds=3600, cache_size=cache_size)
-    return batch.Runner(cycle, KeyDeriver("fn", expression), require_key, consumer)
+    return BatchRunner(cycle, KeyDeriver("fn", expression), require_key, consumer)
 
 
-def deliver(run: batch.Runner, event: dict[str, Any], scope_required: bool = False) -> Any:
+def deliver(run: BatchRunner, event: dict[str, Any], scope_required: bool = False) -> Any:
     parsed = batch.parse(event, scope_required)
     assert parsed is not None
     return run.run(parsed, event, None, LONG)
@@ -153,7 +156,7 @@ def test_the_handler_raising_releases_every_claimed_record_and_propagates(store)
 
 
 def in_progress_elsewhere(store, key: str) -> None:
-    assert isinstance(Cycle(store, ttl_seconds=3600).claim(key, LONG), str)
+    assert isinstance(Cycle(store, ttl_seconds=3600).claim(Invocation(LONG), key), Claimed)
 
 
 def test_a_record_in_progress_elsewhere_is_reported_and_the_rest_run(store):
@@ -379,11 +382,11 @@ class Gate:
 
 
 def test_claims_are_concurrent_and_bounded(transport, table_name):
-    gate = Gate(transport, batch.MAX_IN_FLIGHT)
+    gate = Gate(transport, MAX_IN_FLIGHT)
     consumer = Consumer()
     run = runner(DynamoDBStore(gate, table_name, store_attributes()), consumer)
     deliver(run, events.sqs_event(messages(25, "wide")))
-    assert gate.most == batch.MAX_IN_FLIGHT  # ten at once, never more
+    assert gate.most == MAX_IN_FLIGHT  # ten at once, never more
     assert len(consumer.runs) == 25
 
 
@@ -437,11 +440,11 @@ def test_records_the_local_cache_holds_are_read_in_one_request_and_a_purged_one_
 
 def test_a_whole_event_under_a_key_a_record_completed_cannot_replay_and_a_record_under_a_whole_events_is_done(store):
     cycle = Cycle(store, ttl_seconds=3600)
-    run = batch.Runner(cycle, KeyDeriver("fn", "json_parse(body).order"), False, Consumer())
+    run = BatchRunner(cycle, KeyDeriver("fn", "json_parse(body).order"), False, Consumer())
     deliver(run, events.sqs_event([events.json_message({"id": "x", "order": "shared"})]))
     with pytest.raises(IdempotencyKeyError, match="completed as a batch record"):
-        cycle.run(run.keys.key_of("shared"), lambda: "never", LONG)
-    cycle.run(run.keys.key_of("whole"), lambda: {"ran": True}, LONG)
+        cycle.run(Invocation(LONG), run.keys.key_of("shared"), lambda: "never")
+    cycle.run(Invocation(LONG), run.keys.key_of("whole"), lambda: {"ran": True})
     consumer = Consumer()
     run.handler = consumer
     assert deliver(run, events.sqs_event([events.json_message({"id": "y", "order": "whole"})])) == {
@@ -451,10 +454,10 @@ def test_a_whole_event_under_a_key_a_record_completed_cannot_replay_and_a_record
 
 def test_a_refused_environment_runs_no_batch(store):
     cycle = Cycle(store, ttl_seconds=3600)
-    cycle.refusal = "refused for the test"
+    cycle.environment.refusal = "refused for the test"
     consumer = Consumer()
     with pytest.raises(IdempotencyPersistenceLayerError, match="refused for the test"):
-        deliver(batch.Runner(cycle, KeyDeriver("fn", None), False, consumer), events.sqs_event(messages(2, "r")))
+        deliver(BatchRunner(cycle, KeyDeriver("fn", None), False, consumer), events.sqs_event(messages(2, "r")))
     assert consumer.runs == []
 
 

@@ -20,22 +20,24 @@ from hypothesis import strategies as st
 from idempotency_layer import codec
 from idempotency_layer.config import Attributes
 from idempotency_layer.cycle import Cycle
+from idempotency_layer.invocation import Invocation
 from idempotency_layer.keys import KeyDeriver
-from idempotency_layer.metrics import Tally, TimedStore
+from idempotency_layer.metrics import Tally
 from idempotency_layer.sources import batch
 from idempotency_layer.store import DynamoDBStore
 from tests.conftest import build_transport
 from tests.store.test_batch import Consumer, deliver, failed_ids, messages
 from tests.store.test_cli_commands import Denying
 from tests.support import events
+from tests.support.batches import BatchRunner
 
 LONG = 60_000
 
 
 def runner(store: Any, consumer: Consumer, precheck: str = "auto", expression: str | None = None,
-           payload: str | None = None, prefix: str = "fn") -> batch.Runner:
-    cycle = Cycle(store, ttl_seconds=3600, batch_precheck=precheck)
-    return batch.Runner(cycle, KeyDeriver(prefix, expression, payload), False, consumer)
+           payload: str | None = None, prefix: str = "fn") -> BatchRunner:
+    cycle = Cycle(store, ttl_seconds=3600, precheck=precheck)
+    return BatchRunner(cycle, KeyDeriver(prefix, expression, payload), False, consumer)
 
 
 def requests(proxy: Any) -> dict[str, int]:
@@ -47,8 +49,7 @@ def test_a_fully_redelivered_sqs_batch_of_10_is_one_request_and_counts_as_replay
     run = runner(store, consumer)
     batch_ = messages(10, "full")
     deliver(run, events.sqs_event(batch_))
-    run.cycle.store = TimedStore(run.cycle.store, run.cycle)
-    run.cycle.tally = tally = Tally()
+    run.tally = tally = Tally()
     proxy.reset()
     response = deliver(run, events.sqs_event(batch_))  # ApproximateReceiveCount 2 on every record
     assert requests(proxy) == {"BatchGetItem": 1}
@@ -293,10 +294,9 @@ def test_a_throttled_precheck_falls_back_to_the_claims(layer_env, table_name, mo
         run = runner(store, consumer)
         batch_ = messages(3, "throttled")
         deliver(run, events.sqs_event(batch_[:1]))
-        run.cycle.store = TimedStore(run.cycle.store, run.cycle)
         for replays in (1, 3):  # twice: first one record done, then all three
             throttling.seen.clear()
-            run.cycle.tally = tally = Tally()
+            run.tally = tally = Tally()
             with caplog.at_level(logging.WARNING, "idempotency_layer"):
                 assert deliver(run, events.sqs_event(batch_)) in (None, {"batchItemFailures": []})
             assert throttling.seen.count("BatchGetItem") == 1  # a passing failure: tried again next batch
@@ -320,17 +320,15 @@ def _prepare(store: Any, keys: KeyDeriver, message: events.Message, state: str) 
         return
     if state in ("expired", "expired_claim"):
         past = Cycle(store, ttl_seconds=60, clock=lambda: now - 3600)
-        owner = past.claim(key, 1_000, keys.fingerprint(record_of(message)))
-        assert isinstance(owner, str)
+        owner = past.claim(Invocation(1_000), key, keys.fingerprint(record_of(message))).owner
         if state == "expired":
-            past.complete(key, owner, codec.Encoded(codec.DONE, None))
+            past.complete(Invocation(LONG), key, owner, codec.Encoded(codec.DONE, None))
         return
     cycle = Cycle(store, ttl_seconds=3600)
     other = {**record, "amount": -1} if state == "mismatched" else record
-    owner = cycle.claim(key, LONG, keys.fingerprint({"body": json.dumps(other)}))
-    assert isinstance(owner, str)
+    owner = cycle.claim(Invocation(LONG), key, keys.fingerprint({"body": json.dumps(other)})).owner
     if state in ("completed", "mismatched"):
-        cycle.complete(key, owner, codec.Encoded(codec.DONE, None))
+        cycle.complete(Invocation(LONG), key, owner, codec.Encoded(codec.DONE, None))
 
 
 def record_of(message: events.Message) -> dict[str, Any]:

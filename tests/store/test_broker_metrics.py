@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
+from idempotency_layer.cycle import Claimed
 from idempotency_layer.errors import IdempotencyBatchIncompleteError
+from idempotency_layer.invocation import Invocation
 from idempotency_layer.keys import KeyDeriver
 from tests.store.test_metrics_counts import build, counts, documents  # noqa: F401  (build: the fixture)
 from tests.support import broker_events as brokers
@@ -35,8 +37,8 @@ def test_an_mq_batch_with_a_failing_message_raises_after_the_rest_completed(buil
     other = build(IDEMPOTENCY_KEY_JMESPATH=None)
     messages = [brokers.activemq_message({"n": n}) for n in range(3)]
     # message 1 in progress in another environment: a live claim on the same table
-    assert isinstance(other.handler.cycle.claim(KeyDeriver("shop", None).key_of(messages[1]["messageID"]), 30_000),
-                      str)
+    busy = KeyDeriver("shop", None).key_of(messages[1]["messageID"])
+    assert isinstance(other.handler.cycle.claim(Invocation(30_000), busy), Claimed)
     capsys.readouterr()
     with pytest.raises(IdempotencyBatchIncompleteError, match="1 of the 3 records of the ActiveMQ batch"):
         function(brokers.activemq_event(messages))

@@ -15,11 +15,14 @@ import pytest
 from idempotency_layer.config import Attributes
 from idempotency_layer.cycle import CLAIM_DEADLINE_MARGIN_MS, Cycle
 from idempotency_layer.errors import IdempotencyPersistenceLayerError
+from idempotency_layer.executor import MAX_IN_FLIGHT
+from idempotency_layer.invocation import Invocation
 from idempotency_layer.keys import KeyDeriver
 from idempotency_layer.sources import batch
 from idempotency_layer.store import DynamoDBStore
 from tests.conftest import TRANSPORTS, build_transport
 from tests.support import events
+from tests.support.batches import BatchRunner
 from tests.support.fault_proxy import STALL, FaultProxy
 
 READ_TIMEOUT = 20  # the client's bound on a stalled claim: far past the invocation's deadline
@@ -52,7 +55,7 @@ def test_a_claim_the_table_never_answers_fails_before_the_deadline(
     runs: list[int] = []
     started = time.monotonic()
     with pytest.raises(IdempotencyPersistenceLayerError):
-        cycle.run("fn#order-1", lambda: runs.append(1), REMAINING_MS)
+        cycle.run(Invocation(REMAINING_MS), "fn#order-1", lambda: runs.append(1))
     took = time.monotonic() - started
     assert runs == [] and _puts(stalling) == 1
     # Bounded by the deadline less the claim's margin (2.5 s), not by the 20 s read timeout.
@@ -65,7 +68,7 @@ def test_a_batch_whose_claims_the_table_never_answers_fails_closed_before_the_de
     cycle = _cycle(kind, stalling, table_name, monkeypatch)
     stalling.script("PutItem", *[STALL] * 60)
     runs: list[Any] = []
-    runner = batch.Runner(cycle, KeyDeriver("fn", None), False, lambda event, context: runs.append(event))
+    runner = BatchRunner(cycle, KeyDeriver("fn", None), False, lambda event, context: runs.append(event))
     event = events.sqs_event([events.Message(f'{{"id": "order-{i}"}}') for i in range(60)])
     started = time.monotonic()
     with pytest.raises(IdempotencyPersistenceLayerError):
@@ -73,5 +76,5 @@ def test_a_batch_whose_claims_the_table_never_answers_fails_closed_before_the_de
     took = time.monotonic() - started
     assert runs == []
     # One round of concurrent claims failed; the other 50 were never sent.
-    assert _puts(stalling) <= batch.MAX_IN_FLIGHT, _puts(stalling)
+    assert _puts(stalling) <= MAX_IN_FLIGHT, _puts(stalling)
     assert took < REMAINING_MS / 1000 + SLACK, took

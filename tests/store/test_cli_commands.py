@@ -23,6 +23,7 @@ from idempotency_layer import codec
 from idempotency_layer.cli import records
 from idempotency_layer.config import Attributes
 from idempotency_layer.cycle import Cycle
+from idempotency_layer.invocation import Invocation
 from idempotency_layer.store import DynamoDBStore
 from tests.conftest import CREDENTIALS, build_transport
 from tests.support.dynamodb_local import create_table
@@ -124,7 +125,7 @@ def test_show_by_event_finds_the_record_the_layer_wrote(env, store, tmp_path):
     (tmp_path / "event.json").write_text(json.dumps(event))
     key = json.loads(run({**env, "IDEMPOTENCY_KEY_JMESPATH": "orderId"}, "key", "--event", str(tmp_path / "event.json"),
                          "--json").stdout)["keys"][0]
-    cycle.run(key, lambda: {"ok": 1}, 30_000)
+    cycle.run(Invocation(30_000), key, lambda: {"ok": 1})
     done = run({**env, "IDEMPOTENCY_KEY_JMESPATH": "orderId"}, "show", "--event", str(tmp_path / "event.json"),
                "--json")
     assert done.returncode == 0
@@ -165,12 +166,12 @@ def test_purge_makes_the_next_copy_run_again(env, store, tmp_path):
         runs.append(1)
         return {"n": len(runs)}
 
-    assert cycle.run(key, handler, 30_000).value == {"n": 1}
-    assert cycle.run(key, handler, 30_000).value == {"n": 1}  # a replay
+    assert cycle.run(Invocation(30_000), key, handler).value == {"n": 1}
+    assert cycle.run(Invocation(30_000), key, handler).value == {"n": 1}  # a replay
     done = run(env, "purge", "--event", str(tmp_path / "event.json"), "--yes", "--json")
     assert done.returncode == 0
     assert json.loads(done.stdout)["deleted"][0]["was"] == "completed"
-    assert cycle.run(key, handler, 30_000).value == {"n": 2}
+    assert cycle.run(Invocation(30_000), key, handler).value == {"n": 2}
     assert len(runs) == 2
 
 

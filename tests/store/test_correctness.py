@@ -31,6 +31,7 @@ from idempotency_layer.errors import (
     IdempotencyPersistenceLayerError,
     IdempotencyResultTooLargeError,
 )
+from idempotency_layer.invocation import Invocation
 from idempotency_layer.store import COMPLETED, INPROGRESS, DynamoDBStore
 from tests.support import emf
 from tests.support.dynamodb_local import create_table
@@ -228,12 +229,12 @@ def test_failure_after_the_handler_ends_in_a_completion(store, step, error, capl
     runs: list[int] = []
     key = f"k#{uuid.uuid4().hex}"
     with caplog.at_level("DEBUG", logger="idempotency_layer"):
-        value = cycle.run(key, lambda: runs.append(1) or {"card": SECRET}, 30_000).value
+        value = cycle.run(Invocation(30_000), key, lambda: runs.append(1) or {"card": SECRET}).value
     assert value == {"card": SECRET}  # the caller still gets its result
     record = store.get(key)
     assert record is not None and record.status == COMPLETED, record
     with pytest.raises(IdempotencyResultTooLargeError):  # the handler never runs twice
-        Cycle(store, ttl_seconds=3600).run(key, lambda: runs.append(1), 30_000)
+        Cycle(store, ttl_seconds=3600).run(Invocation(30_000), key, lambda: runs.append(1))
     assert runs == [1]
     assert SECRET not in caplog.text
     assert faulty.deadlines and None not in faulty.deadlines  # every completion, the fallback too, is bounded
@@ -356,7 +357,7 @@ def test_record_states_are_only_completed_or_absent_after_a_run(store, ddb_clien
             return decimal.Decimal("1.10")
 
         with contextlib.suppress(ValueError):
-            cycle.run(key, invoke, 30_000)
+            cycle.run(Invocation(30_000), key, invoke)
         record = store.get(key)
         assert (record is None) if outcome == "raise" else (record.status == COMPLETED)
         assert record is None or record.status != INPROGRESS
@@ -375,11 +376,11 @@ def test_a_completion_refused_for_good_stops_this_environment_running_handlers(t
         return {"order": "placed"}
 
     with caplog.at_level("ERROR", logger="idempotency_layer"):
-        assert cycle.run("k#1", place_order, 30_000).value == {"order": "placed"}
+        assert cycle.run(Invocation(30_000), "k#1", place_order).value == {"order": "placed"}
     assert "ResourceNotFoundException" in caplog.text and "runs no more handlers" in caplog.text
     for key in ("k#1", "k#2"):
         with pytest.raises(IdempotencyPersistenceLayerError, match=r"runs no more handlers.*ResourceNotFound"):
-            cycle.run(key, lambda: runs.append("again"), 30_000)
+            cycle.run(Invocation(30_000), key, lambda: runs.append("again"))
     assert runs == ["first"]
 
 
@@ -398,6 +399,6 @@ def test_a_transient_completion_failure_does_not_stop_the_environment(store, tra
 
     cycle = Cycle(DynamoDBStore(FailOnce(), table_name, Attributes()), ttl_seconds=3600)
     runs: list[int] = []
-    assert cycle.run("k#a", lambda: runs.append(1) or 1, 30_000).value == 1
-    assert cycle.run("k#b", lambda: runs.append(2) or 2, 30_000).value == 2
-    assert runs == [1, 2] and cycle.refusal is None
+    assert cycle.run(Invocation(30_000), "k#a", lambda: runs.append(1) or 1).value == 1
+    assert cycle.run(Invocation(30_000), "k#b", lambda: runs.append(2) or 2).value == 2
+    assert runs == [1, 2] and cycle.environment.refusal is None

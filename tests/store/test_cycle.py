@@ -19,6 +19,7 @@ from idempotency_layer.errors import (
     IdempotencyClaimConflictError,
     IdempotencyResultTooLargeError,
 )
+from idempotency_layer.invocation import Invocation
 from idempotency_layer.store import COMPLETED
 
 KEY = "fn#k1"
@@ -51,8 +52,8 @@ class Clock:
 def test_first_run_executes_and_the_second_replays(store):
     cycle = Cycle(store, ttl_seconds=3600)
     handler = Handler({"order": "o-1", "n": 1})
-    first = cycle.run(KEY, handler, LONG)
-    second = cycle.run(KEY, handler, LONG)
+    first = cycle.run(Invocation(LONG), KEY, handler)
+    second = cycle.run(Invocation(LONG), KEY, handler)
     assert len(handler.calls) == 1
     assert first.value == second.value == {"order": "o-1", "n": 1}
     assert (first.replayed, second.replayed) == (False, True)
@@ -62,8 +63,8 @@ def test_first_run_executes_and_the_second_replays(store):
 def test_falsy_and_typed_results_replay_as_themselves(store, result):
     cycle = Cycle(store, ttl_seconds=3600)
     handler = Handler(result)
-    cycle.run(KEY, handler, LONG)
-    replay = cycle.run(KEY, handler, LONG)
+    cycle.run(Invocation(LONG), KEY, handler)
+    replay = cycle.run(Invocation(LONG), KEY, handler)
     assert len(handler.calls) == 1
     assert replay.replayed
     assert replay.value == result and type(replay.value) is type(result)
@@ -73,11 +74,11 @@ def test_handler_error_releases_and_the_retry_runs_again(store, ddb_client, tabl
     cycle = Cycle(store, ttl_seconds=3600)
     failing = Handler(error=RuntimeError("card declined"))
     with pytest.raises(RuntimeError, match="card declined") as caught:
-        cycle.run(KEY, failing, LONG)
+        cycle.run(Invocation(LONG), KEY, failing)
     assert caught.value is failing.error
     assert ddb_client.get_item(TableName=table_name, Key={"id": {"S": KEY}}, ConsistentRead=True).get("Item") is None
     retry = Handler("ok")
-    assert cycle.run(KEY, retry, LONG).value == "ok"
+    assert cycle.run(Invocation(LONG), KEY, retry).value == "ok"
     assert len(failing.calls) == 1 and len(retry.calls) == 1
 
 
@@ -85,7 +86,7 @@ def test_handler_error_releases_and_the_retry_runs_again(store, ddb_client, tabl
 def test_base_exceptions_release_too(store, error):
     cycle = Cycle(store, ttl_seconds=3600)
     with pytest.raises(type(error)):
-        cycle.run(KEY, Handler(error=error), LONG)
+        cycle.run(Invocation(LONG), KEY, Handler(error=error))
     assert store.get(KEY) is None
 
 
@@ -94,7 +95,7 @@ def test_live_claim_of_another_invocation_is_in_progress(store):
     assert store.claim(KEY, "other", now, int(now * 1000) + 30_000, int(now) + 3600) is None
     handler = Handler("x")
     with pytest.raises(IdempotencyAlreadyInProgressError) as caught:
-        Cycle(store, ttl_seconds=3600).run(KEY, handler, LONG)
+        Cycle(store, ttl_seconds=3600).run(Invocation(LONG), KEY, handler)
     assert KEY in str(caught.value) and "expires at" in str(caught.value)
     assert handler.calls == []
 
@@ -115,7 +116,7 @@ def test_claim_lasts_the_remaining_time_plus_the_skew_margin(store):
         seen.append(store.claim(KEY, "other", clock.now, int(clock.now * 1000) + 1000, int(clock.now) + 3600))
         return "late"
 
-    assert cycle.run(KEY, nested, 0).value == "late"
+    assert cycle.run(Invocation(0), KEY, nested).value == "late"
     assert seen[0] is not None and seen[0].owner != "early"
     assert seen[1] is None
     record = store.get(KEY)
@@ -130,7 +131,7 @@ class Refusing(ValueResults):
 def test_refused_result_is_released_not_stored(store):
     cycle = Cycle(store, ttl_seconds=3600, results=Refusing())
     handler = Handler({"when": object()})
-    outcome = cycle.run(KEY, handler, LONG)
+    outcome = cycle.run(Invocation(LONG), KEY, handler)
     assert outcome.value is handler.result
     assert store.get(KEY) is None
 
@@ -139,9 +140,9 @@ def test_too_large_result_runs_once_and_replays_raise(store):
     cycle = Cycle(store, ttl_seconds=3600)
     big = {"noise": base64.b64encode(os.urandom(450_000)).decode()}  # random: compresses to over 400 KB
     handler = Handler(big)
-    assert cycle.run(KEY, handler, LONG).value is big
+    assert cycle.run(Invocation(LONG), KEY, handler).value is big
     with pytest.raises(IdempotencyResultTooLargeError, match="too large to store"):
-        cycle.run(KEY, handler, LONG)
+        cycle.run(Invocation(LONG), KEY, handler)
     assert len(handler.calls) == 1
     assert store.get(KEY).result.format == codec.TOO_LARGE
 
@@ -151,8 +152,8 @@ def test_one_megabyte_result_that_compresses_replays_equal(store):
     value = {"rows": [{"id": i, "sku": f"SKU-{i:07d}", "qty": i % 5} for i in range(25_000)]}
     assert len(codec.to_json(value)[1]) > 1_000_000
     handler = Handler(value)
-    cycle.run(KEY, handler, LONG)
-    assert cycle.run(KEY, handler, LONG).value == value
+    cycle.run(Invocation(LONG), KEY, handler)
+    assert cycle.run(Invocation(LONG), KEY, handler).value == value
     assert len(handler.calls) == 1
 
 
@@ -160,22 +161,22 @@ def test_ttl_expiry_runs_again(store):
     clock = Clock()
     cycle = Cycle(store, ttl_seconds=5, clock=clock)
     handler = Handler("v")
-    cycle.run(KEY, handler, 1000)
+    cycle.run(Invocation(1000), KEY, handler)
     clock.now += 4
-    assert cycle.run(KEY, handler, 1000).replayed
+    assert cycle.run(Invocation(1000), KEY, handler).replayed
     clock.now += 2
-    assert not cycle.run(KEY, handler, 1000).replayed
+    assert not cycle.run(Invocation(1000), KEY, handler).replayed
     assert len(handler.calls) == 2
 
 
 def test_claim_never_expires_before_its_invocation_deadline(store):
     clock = Clock()
-    Cycle(store, ttl_seconds=1, clock=clock)._claim(KEY, "me", remaining_ms=10_000, fingerprint=None)
+    Cycle(store, ttl_seconds=1, clock=clock).claim(Invocation(10_000), KEY)
     record = store.get(KEY)
     assert record.expires_at >= int(clock.now) + 10
     clock.now += 5
     with pytest.raises(IdempotencyAlreadyInProgressError):
-        Cycle(store, ttl_seconds=1, clock=clock).run(KEY, Handler(), 1000)
+        Cycle(store, ttl_seconds=1, clock=clock).run(Invocation(1000), KEY, Handler())
 
 
 def test_taken_over_claim_still_returns_our_result(store):
@@ -187,7 +188,7 @@ def test_taken_over_claim_still_returns_our_result(store):
         assert store.claim(KEY, "other", clock.now, int(clock.now * 1000) + 60_000, int(clock.now) + 3600) is None
         return "ours"
 
-    assert cycle.run(KEY, slow, 1000).value == "ours"
+    assert cycle.run(Invocation(1000), KEY, slow).value == "ours"
     record = store.get(KEY)
     assert record.owner == "other" and record.status != COMPLETED
 
@@ -204,7 +205,7 @@ def test_clock_skew_is_retried_a_bounded_number_of_times(store):
 
     handler = Handler()
     with pytest.raises(IdempotencyClaimConflictError, match="3 times"):
-        Cycle(store, ttl_seconds=3600, clock=skewed).run(KEY, handler, LONG)
+        Cycle(store, ttl_seconds=3600, clock=skewed).run(Invocation(LONG), KEY, handler)
     assert handler.calls == []
     assert len(readings) == 6
 
@@ -222,9 +223,9 @@ class Marshalling:
 
 def test_handed_back_form_is_the_same_on_both_paths(store):
     cycle = Cycle(store, ttl_seconds=3600, results=Marshalling())
-    first = cycle.run(KEY, Handler({"v": 1}), LONG)
+    first = cycle.run(Invocation(LONG), KEY, Handler({"v": 1}))
     handler = Handler()
-    again = cycle.run(KEY, handler, LONG)
+    again = cycle.run(Invocation(LONG), KEY, handler)
     assert first.value == again.value == ("text", b'{"v": 1}')
     assert (first.replayed, again.replayed) == (False, True)
     assert handler.calls == []
@@ -234,12 +235,12 @@ def test_local_cache_replays_after_one_read_and_never_outlives_the_record(store,
     clock = Clock()
     cycle = Cycle(store, ttl_seconds=10, cache_size=2, clock=clock)
     handler = Handler({"v": 1})
-    cycle.run(KEY, handler, 1000)
+    cycle.run(Invocation(1000), KEY, handler)
     proxy.reset()
-    assert cycle.run(KEY, handler, 1000) == ({"v": 1}, True)
+    assert cycle.run(Invocation(1000), KEY, handler) == ({"v": 1}, True)
     assert proxy.snapshot()[0] == {"GetItem": 1}  # the record is still the one cached: no claim, no result sent
     clock.now += 11
-    assert cycle.run(KEY, handler, 1000).replayed is False
+    assert cycle.run(Invocation(1000), KEY, handler).replayed is False
     assert len(handler.calls) == 2
 
 
@@ -247,39 +248,39 @@ def test_a_purge_reaches_a_warm_environments_cache(store, proxy):
     """Issue 28: an operator purged a key to have it run again; a warm environment replayed it from memory."""
     warm = Cycle(store, ttl_seconds=3600, cache_size=8)
     handler = Handler({"v": 1})
-    assert warm.run(KEY, handler, LONG).value == {"v": 1}
+    assert warm.run(Invocation(LONG), KEY, handler).value == {"v": 1}
     record = store.get(KEY)
     assert store.purge(KEY, record.status, record.owner)  # what `idempotency-layer purge` does
-    assert warm.run(KEY, handler, LONG).replayed is False and len(handler.calls) == 2  # it runs again
+    assert warm.run(Invocation(LONG), KEY, handler).replayed is False and len(handler.calls) == 2  # it runs again
     # Purged again and run by another environment with another result: the warm one replays that one, not its own.
     record = store.get(KEY)
     assert store.purge(KEY, record.status, record.owner)
-    Cycle(store, ttl_seconds=3600).run(KEY, Handler({"v": 2}), LONG)
-    assert warm.run(KEY, handler, LONG) == ({"v": 2}, True) and len(handler.calls) == 2
-    assert warm.run(KEY, handler, LONG) == ({"v": 2}, True)  # and from now on from its cache
+    Cycle(store, ttl_seconds=3600).run(Invocation(LONG), KEY, Handler({"v": 2}))
+    assert warm.run(Invocation(LONG), KEY, handler) == ({"v": 2}, True) and len(handler.calls) == 2
+    assert warm.run(Invocation(LONG), KEY, handler) == ({"v": 2}, True)  # and from now on from its cache
 
 
 def test_local_cache_evicts_least_recently_used(store, proxy):
     cycle = Cycle(store, ttl_seconds=3600, cache_size=2)
     for key in ("a", "b", "c"):
-        cycle.run(key, Handler(key), LONG)
+        cycle.run(Invocation(LONG), key, Handler(key))
     proxy.reset()
-    assert cycle.run("c", Handler(), LONG).value == "c"
-    assert cycle.run("b", Handler(), LONG).value == "b"
+    assert cycle.run(Invocation(LONG), "c", Handler()).value == "c"
+    assert cycle.run(Invocation(LONG), "b", Handler()).value == "b"
     assert proxy.snapshot()[0] == {"GetItem": 2}  # each confirmed by a read without the result
-    assert cycle.run("a", Handler(), LONG).value == "a"  # evicted: replayed from the table
+    assert cycle.run(Invocation(LONG), "a", Handler()).value == "a"  # evicted: replayed from the table
     assert proxy.snapshot()[0] == {"GetItem": 2, "PutItem": 1}
 
 
 def test_requests_per_path(store, proxy):
     cycle = Cycle(store, ttl_seconds=3600)
     proxy.reset()
-    cycle.run(KEY, Handler("r"), LONG)
+    cycle.run(Invocation(LONG), KEY, Handler("r"))
     assert proxy.snapshot()[0] == {"PutItem": 1, "UpdateItem": 1}  # first run: claim, complete
     proxy.reset()
-    cycle.run(KEY, Handler("r"), LONG)
+    cycle.run(Invocation(LONG), KEY, Handler("r"))
     assert proxy.snapshot()[0] == {"PutItem": 1}  # replay: the failed claim carries the record
     proxy.reset()
     with pytest.raises(ValueError):
-        cycle.run("fn#other", Handler(error=ValueError()), LONG)
+        cycle.run(Invocation(LONG), "fn#other", Handler(error=ValueError()))
     assert proxy.snapshot()[0] == {"PutItem": 1, "DeleteItem": 1}  # error: claim, release

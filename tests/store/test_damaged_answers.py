@@ -17,6 +17,7 @@ import pytest
 from idempotency_layer.config import Attributes
 from idempotency_layer.cycle import Cycle
 from idempotency_layer.errors import IdempotencyPersistenceLayerError
+from idempotency_layer.invocation import Invocation
 from idempotency_layer.store import COMPLETED, DynamoDBStore
 from tests.conftest import TRANSPORTS, build_transport
 from tests.support.fault_proxy import DAMAGED, EMPTY, NOT_JSON, SHORT_REFUSAL, FaultProxy
@@ -46,19 +47,20 @@ def test_a_damaged_answer_to_a_claim_fails_closed_and_quotes_nothing(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     cycle, store = _cycle(kind, damaging, table_name, monkeypatch)
     runs: list[int] = []
-    assert cycle.run("fn#order-1", lambda: runs.append(1) or {"paid": SECRET}, LONG).value == {"paid": SECRET}
+    first = cycle.run(Invocation(LONG), "fn#order-1", lambda: runs.append(1) or {"paid": SECRET})
+    assert first.value == {"paid": SECRET}
     # The copy's claim reaches the table, which refuses it (the key is completed) and sends the record back;
     # the answer the layer gets is damaged.
     damaging.script("PutItem", damage)
     with caplog.at_level(logging.DEBUG, logger="idempotency_layer"), \
             pytest.raises(IdempotencyPersistenceLayerError) as refused:
-        cycle.run("fn#order-1", lambda: runs.append(1), LONG)
+        cycle.run(Invocation(LONG), "fn#order-1", lambda: runs.append(1))
     assert runs == [1]
     assert SECRET not in str(refused.value) and SECRET not in repr(refused.value.__cause__)
     assert SECRET not in caplog.text
     # Nothing was changed by it: the next copy replays.
     assert store.get("fn#order-1").status == COMPLETED
-    assert cycle.run("fn#order-1", lambda: runs.append(1), LONG).value == {"paid": SECRET} and runs == [1]
+    assert cycle.run(Invocation(LONG), "fn#order-1", lambda: runs.append(1)).value == {"paid": SECRET} and runs == [1]
 
 
 @pytest.mark.parametrize("damage", [NOT_JSON, EMPTY, SHORT_REFUSAL])
@@ -72,9 +74,10 @@ def test_a_page_in_answer_to_a_first_claim_is_no_claim(
     damaging.script("PutItem", damage)
     runs: list[int] = []
     with pytest.raises(IdempotencyPersistenceLayerError, match=r"ResponseParserError|not DynamoDB's JSON"):
-        cycle.run("fn#order-2", lambda: runs.append(1), LONG)
+        cycle.run(Invocation(LONG), "fn#order-2", lambda: runs.append(1))
     assert runs == [] and store.get("fn#order-2") is None  # withdrawn
-    assert cycle.run("fn#order-2", lambda: runs.append(1) or "placed", LONG).value == "placed" and runs == [1]
+    assert cycle.run(Invocation(LONG), "fn#order-2", lambda: runs.append(1) or "placed").value == "placed"
+    assert runs == [1]
 
 
 @pytest.mark.parametrize("kind", TRANSPORTS)

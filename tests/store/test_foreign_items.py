@@ -13,6 +13,7 @@ from idempotency_layer.config import Attributes
 from idempotency_layer.cycle import Cycle
 from idempotency_layer.dynamodb import DynamoDBError
 from idempotency_layer.errors import IdempotencyPersistenceLayerError
+from idempotency_layer.invocation import Invocation
 from idempotency_layer.store import DynamoDBStore
 
 LONG = 60_000
@@ -70,17 +71,17 @@ def test_an_answer_that_is_not_the_record_asked_for_is_refused(rewrite: Any, tra
     store = DynamoDBStore(rewriting, table_name, Attributes())
     cycle = Cycle(store, ttl_seconds=3600)
     runs: list[int] = []
-    assert cycle.run("fn#order-1", lambda: runs.append(1) or {"placed": 1}, LONG) == ({"placed": 1}, False)
+    assert cycle.run(Invocation(LONG), "fn#order-1", lambda: runs.append(1) or {"placed": 1}) == ({"placed": 1}, False)
     rewriting.on = True
     # The replay path (the failed claim's item) and the read path (a wait's poll) alike.
     with pytest.raises(IdempotencyPersistenceLayerError) as refused:
-        cycle.run("fn#order-1", lambda: runs.append(1), LONG)
+        cycle.run(Invocation(LONG), "fn#order-1", lambda: runs.append(1))
     assert "fn#order-1" in str(refused.value) and "placed" not in str(refused.value)
     with pytest.raises(IdempotencyPersistenceLayerError):
         store.get("fn#order-1")
     assert runs == [1]
     rewriting.on = False
-    assert cycle.run("fn#order-1", lambda: runs.append(1), LONG) == ({"placed": 1}, True)
+    assert cycle.run(Invocation(LONG), "fn#order-1", lambda: runs.append(1)) == ({"placed": 1}, True)
 
 
 def test_a_sort_key_table_checks_both_parts_of_the_key(transport: Any, sort_key_table: str) -> None:
@@ -91,7 +92,7 @@ def test_a_sort_key_table_checks_both_parts_of_the_key(transport: Any, sort_key_
     rewriting = Rewriting(transport, other_partition)
     store = DynamoDBStore(rewriting, sort_key_table, Attributes(key="pk", sort_key="sk"), "idempotency#fn")
     cycle = Cycle(store, ttl_seconds=3600)
-    assert cycle.run("fn#order-2", lambda: "placed", LONG) == ("placed", False)
+    assert cycle.run(Invocation(LONG), "fn#order-2", lambda: "placed") == ("placed", False)
     rewriting.on = True
     with pytest.raises(IdempotencyPersistenceLayerError, match="another key"):
-        cycle.run("fn#order-2", lambda: "again", LONG)
+        cycle.run(Invocation(LONG), "fn#order-2", lambda: "again")

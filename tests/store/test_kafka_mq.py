@@ -16,13 +16,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from idempotency_layer.cycle import Cycle
+from idempotency_layer.cycle import Claimed, Cycle
 from idempotency_layer.errors import IdempotencyBatchIncompleteError, IdempotencyKeyError
+from idempotency_layer.invocation import Invocation
 from idempotency_layer.keys import KeyDeriver
 from idempotency_layer.sources import batch
 from tests.store.test_batch import LONG, Consumer, deliver, in_progress_elsewhere, messages
 from tests.support import broker_events as brokers
 from tests.support import events
+from tests.support.batches import BatchRunner
 
 
 class KafkaConsumer(Consumer):
@@ -67,7 +69,7 @@ class MQConsumer:
 
 
 def runner(store, consumer, expression=None, stream_failures="checkpoint", batch_response="partial"):
-    return batch.Runner(Cycle(store, ttl_seconds=3600), KeyDeriver("fn", expression), False, consumer,
+    return BatchRunner(Cycle(store, ttl_seconds=3600), KeyDeriver("fn", expression), False, consumer,
                         stream_failures, batch_response)
 
 
@@ -82,7 +84,7 @@ def partitions(name: str, counts: dict[int, int], fail: tuple[tuple[int, int], .
             for p, n in counts.items() for offset in range(10, 10 + n)]
 
 
-def kafka_key(run: batch.Runner, event: dict[str, Any], partition: str, offset: int) -> str:
+def kafka_key(run: BatchRunner, event: dict[str, Any], partition: str, offset: int) -> str:
     parsed = batch.parse(event, False)
     return batch.record_key(run.keys, parsed, parsed.identifiers.index(f"{partition}@{offset}"))
 
@@ -269,7 +271,7 @@ def test_mq_fails_the_invocation_after_the_runnable_messages_completed_and_they_
         def event(redelivered=False):
             return brokers.rabbitmq_event({"orders::/": batch_[:2], "audit::/": batch_[2:]}, redelivered)
     busy = batch.record_key(run.keys, batch.parse(event(), False), 1)
-    owner = Cycle(store, ttl_seconds=3600).claim(busy, LONG)
+    owner = Cycle(store, ttl_seconds=3600).claim(Invocation(LONG), busy).owner
     with pytest.raises(IdempotencyBatchIncompleteError, match="1 of the 3 records") as raised:
         deliver(run, event())
     assert tag not in str(raised.value)  # no content in the message
@@ -277,7 +279,7 @@ def test_mq_fails_the_invocation_after_the_runnable_messages_completed_and_they_
     if broker == "rabbitmq":  # the queue left empty by the narrowing is dropped, the other kept
         assert list(consumer.events[0]["rmqMessagesByQueue"]) == ["orders::/", "audit::/"]
         assert [len(v) for v in consumer.events[0]["rmqMessagesByQueue"].values()] == [1, 1]
-    Cycle(store, ttl_seconds=3600).release(busy, owner)
+    Cycle(store, ttl_seconds=3600).release(Invocation(LONG), busy, owner)
     assert deliver(run, event(True)) == {"handled": 1}  # the broker's redelivery: only the one not done runs
     assert sorted(consumer.runs) == [f"{tag}-0", f"{tag}-1", f"{tag}-2"]
     assert deliver(run, event(True)) is None  # all done: nothing runs, nothing fails
@@ -412,10 +414,10 @@ def test_fail_kafka_a_stopped_partition_fails_the_invocation_and_the_retry_runs_
     records = partitions(name, {0: 2, 1: 2})
     event = brokers.kafka_event(records)
     owner_key = kafka_key(run, event, f"{name}-0", 10)
-    owner = Cycle(store, ttl_seconds=3600).claim(owner_key, LONG)
+    owner = Cycle(store, ttl_seconds=3600).claim(Invocation(LONG), owner_key).owner
     with pytest.raises(IdempotencyBatchIncompleteError, match="2 of the 4 records of the Kafka batch"):
         deliver(run, event)
-    Cycle(store, ttl_seconds=3600).release(owner_key, owner)
+    Cycle(store, ttl_seconds=3600).release(Invocation(LONG), owner_key, owner)
     assert deliver(run, brokers.kafka_event(records)) is None
     assert sorted(consumer.runs) == ["0:10", "0:11", "1:10", "1:11"]
 
@@ -464,9 +466,9 @@ def test_any_kafka_delivery_schedule_drains_each_partition_and_does_each_offset_
         if data.draw(st.booleans()):
             index = data.draw(st.integers(0, len(records) - 1))
             key = batch.record_key(run.keys, batch.parse(event, False), index)
-            owner = other.claim(key, LONG)
-            if isinstance(owner, str):
-                held.append((key, owner))
+            claimed = other.claim(Invocation(LONG), key)
+            if isinstance(claimed, Claimed):
+                held.append((key, claimed.owner))
         try:
             response = deliver(run, event)
         except IdempotencyBatchIncompleteError:
@@ -480,7 +482,7 @@ def test_any_kafka_delivery_schedule_drains_each_partition_and_does_each_offset_
                 resume = reported.get(f"{name}-{p}")
                 position[p] = offsets[p].index(resume) if resume is not None else position[p] + len(sent)
         for key, owner in held:
-            other.release(key, owner)
+            other.release(Invocation(LONG), key, owner)
         if data.draw(st.booleans()):  # a duplicate delivery of the same batch (at least once)
             with contextlib.suppress(IdempotencyBatchIncompleteError):
                 deliver(run, event)

@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 from awslambdaric.lambda_runtime_log_utils import JsonFormatter
 
+from idempotency_layer.cycle import Claimed
 from idempotency_layer.errors import IdempotencyAlreadyInProgressError, IdempotencyPayloadMismatchError
+from idempotency_layer.invocation import Invocation
 from idempotency_layer.keys import KeyDeriver
 from idempotency_layer.log import LOGGER_NAME
 from tests.support.events import json_message, sqs_event
@@ -126,7 +128,7 @@ def test_a_batch_carries_each_records_key_from_the_pool_threads(build, ddb_clien
     messages = [json_message({"n": n}) for n in range(4)]
     keys = KeyDeriver(FUNCTION, None)
     busy = keys.key_of(messages[3].message_id)
-    assert isinstance(other.handler.cycle.claim(busy, 30_000), str)  # live in another environment
+    assert isinstance(other.handler.cycle.claim(Invocation(30_000), busy), Claimed)  # live in another environment
     build.lines.take()
     build.lines.records.clear()
 
@@ -204,7 +206,7 @@ def test_the_text_line_says_the_same_facts(build, ddb_client, table):
         with pytest.raises(IdempotencyAlreadyInProgressError):
             other = build(IDEMPOTENCY_KEY_JMESPATH="orderId")
             fresh = {"orderId": uuid.uuid4().hex}
-            other.handler.cycle.claim(KeyDeriver(FUNCTION, "orderId").key(fresh), 30_000)
+            other.handler.cycle.claim(Invocation(30_000), KeyDeriver(FUNCTION, "orderId").key(fresh))
             function(fresh)
     finally:
         logger.removeHandler(plain)

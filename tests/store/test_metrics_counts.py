@@ -19,12 +19,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from idempotency_layer.cycle import Claimed
 from idempotency_layer.errors import (
     IdempotencyAlreadyInProgressError,
     IdempotencyPayloadMismatchError,
     IdempotencyPersistenceLayerError,
     IdempotencyResultTooLargeError,
 )
+from idempotency_layer.invocation import Invocation
 from idempotency_layer.keys import KeyDeriver
 from tests.support import emf
 from tests.support.events import json_message, sqs_event
@@ -234,7 +236,8 @@ def test_a_batch_with_mixed_outcomes(build, capsys, ddb_client, table):
     done, busy, new, failing = (json_message({"n": n}) for n in range(4))
     function(sqs_event([done]))  # done before: its redelivery is a replay
     keys = KeyDeriver(FUNCTION, None)
-    assert isinstance(other.handler.cycle.claim(keys.key_of(busy.message_id), 30_000), str)  # live elsewhere
+    live = other.handler.cycle.claim(Invocation(30_000), keys.key_of(busy.message_id))  # live elsewhere
+    assert isinstance(live, Claimed)
     capsys.readouterr()
     function.runs.clear()
 

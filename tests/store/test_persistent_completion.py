@@ -15,11 +15,13 @@ from idempotency_layer.config import Attributes
 from idempotency_layer.cycle import Cycle
 from idempotency_layer.dynamodb import Deadline, DynamoDBError
 from idempotency_layer.errors import IdempotencyPersistenceLayerError
+from idempotency_layer.invocation import Invocation
 from idempotency_layer.keys import KeyDeriver
 from idempotency_layer.sources import batch
 from idempotency_layer.store import COMPLETED, INPROGRESS, DynamoDBStore
 from tests.conftest import TRANSPORTS, build_transport
 from tests.support import events
+from tests.support.batches import BatchRunner
 from tests.support.fault_proxy import DROP_REPLY, LATENCY, THROTTLE, FaultProxy
 
 KEY = "fn#order-7"
@@ -66,23 +68,23 @@ def test_a_throttled_completion_is_retried_until_it_lands(transport, table_name)
     failing = FailCompletions(transport, times=4)
     cycle, store = cycle_on(failing, table_name)
     runs: list[int] = []
-    outcome = cycle.run(KEY, lambda: runs.append(1) or {"ok": True}, LONG)
+    outcome = cycle.run(Invocation(LONG), KEY, lambda: runs.append(1) or {"ok": True})
     assert outcome == ({"ok": True}, False) and failing.attempts == 5
     assert store.get(KEY).status == COMPLETED
-    assert cycle.run(KEY, lambda: runs.append(1), LONG).replayed and runs == [1]
+    assert cycle.run(Invocation(LONG), KEY, lambda: runs.append(1)).replayed and runs == [1]
 
 
 def test_a_completion_whose_reply_was_lost_lands_again(transport, table_name):
     failing = FailCompletions(transport, times=1, code="InternalServerError", land_first=True)
     cycle, store = cycle_on(failing, table_name)
-    assert cycle.run(KEY, lambda: "done", LONG).value == "done"
+    assert cycle.run(Invocation(LONG), KEY, lambda: "done").value == "done"
     assert failing.attempts == 2 and store.get(KEY).status == COMPLETED  # conditioned on our owner: it holds
 
 
 def test_no_retry_past_the_invocations_deadline(transport, table_name):
     failing = FailCompletions(transport, times=100)
     cycle, store = cycle_on(failing, table_name)
-    assert cycle.run(KEY, lambda: "late", 380).value == "late"  # 30 ms beyond the 350 ms margin: no room
+    assert cycle.run(Invocation(380), KEY, lambda: "late").value == "late"  # 30 ms beyond the 350 ms margin: no room
     assert failing.attempts == 1 and store.get(KEY).status == INPROGRESS
 
 
@@ -91,7 +93,7 @@ def test_retries_last_until_the_margin_and_every_attempt_ends_before_the_deadlin
     failing = FailCompletions(transport, times=100, slow=0.3)
     cycle, store = cycle_on(failing, table_name)
     started = time.monotonic()
-    assert cycle.run(KEY, lambda: "late", 1_500).value == "late"
+    assert cycle.run(Invocation(1_500), KEY, lambda: "late").value == "late"
     elapsed = time.monotonic() - started
     # Unbounded, 100 attempts of 0.3 s; the deadlines below are the exact rule.
     assert failing.attempts >= 3 and elapsed < 1.5 + SLACK, (failing.attempts, elapsed)  # the old 1 s margin allowed 1
@@ -102,15 +104,15 @@ def test_retries_last_until_the_margin_and_every_attempt_ends_before_the_deadlin
 def test_slow_attempts_are_retried_while_they_fit(transport, table_name):
     failing = FailCompletions(transport, times=2, slow=0.2)
     cycle, store = cycle_on(failing, table_name)
-    assert cycle.run(KEY, lambda: "v", 3_000).value == "v"  # 2 s to the deadline: three 0.2 s attempts fit
+    assert cycle.run(Invocation(3_000), KEY, lambda: "v").value == "v"  # 2 s to the deadline: three 0.2 s attempts fit
     assert failing.attempts == 3 and store.get(KEY).status == COMPLETED
 
 
 def test_a_permanent_refusal_is_not_retried(transport, table_name):
     failing = FailCompletions(transport, times=100, code="AccessDeniedException")
     cycle, _ = cycle_on(failing, table_name)
-    assert cycle.run(KEY, lambda: "v", LONG).value == "v"
-    assert failing.attempts == 1 and cycle.refusal is not None
+    assert cycle.run(Invocation(LONG), KEY, lambda: "v").value == "v"
+    assert failing.attempts == 1 and cycle.environment.refusal is not None
 
 
 def test_batch_records_completions_persist_too(transport, table_name):
@@ -121,7 +123,7 @@ def test_batch_records_completions_persist_too(transport, table_name):
     def consumer(event: dict[str, Any], context: Any) -> None:
         runs.extend(json.loads(r["body"])["n"] for r in event["Records"])
 
-    runner = batch.Runner(cycle, KeyDeriver("fn", None), False, consumer)
+    runner = BatchRunner(cycle, KeyDeriver("fn", None), False, consumer)
     messages = [events.json_message({"n": "a"}), events.json_message({"n": "b"})]
     event = events.sqs_event(messages)
     runner.run(batch.parse(event, False), event, None, LONG)
@@ -148,7 +150,7 @@ def test_a_held_completion_is_given_up_before_the_invocations_deadline(kind, dyn
         cycle, _ = cycle_on(build_transport(kind, connect_timeout=2, read_timeout=HOLD + 2, max_attempts=3), table_name)
         runs: list[int] = []
         started = time.monotonic()
-        outcome = cycle.run(KEY, lambda: runs.append(1) or "placed", 2_000)
+        outcome = cycle.run(Invocation(2_000), KEY, lambda: runs.append(1) or "placed")
         elapsed = time.monotonic() - started
         assert outcome == ("placed", False) and runs == [1]
         assert elapsed < 2.0 + SLACK, f"returned {elapsed:.2f} s after a start with 2 s left"  # unbounded: HOLD s
@@ -163,11 +165,11 @@ def test_a_claim_whose_reply_was_lost_is_withdrawn(kind, dynamodb, layer_env, ta
         cycle, store = cycle_on(build_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=1), table_name)
         runs: list[int] = []
         with pytest.raises(IdempotencyPersistenceLayerError):
-            cycle.run(KEY, lambda: runs.append(1) or "placed", LONG)
+            cycle.run(Invocation(LONG), KEY, lambda: runs.append(1) or "placed")
         assert runs == [] and proxy.operations()["PutItem"] == {DROP_REPLY: 1}  # it landed, unheard
         assert proxy.operations()["DeleteItem"] == {"forwarded": 1} and store.get(KEY) is None
         proxy.set_rates({})
-        assert cycle.run(KEY, lambda: runs.append(1) or "placed", LONG) == ("placed", False) and runs == [1]
+        assert cycle.run(Invocation(LONG), KEY, lambda: runs.append(1) or "placed") == ("placed", False) and runs == [1]
 
 
 @pytest.mark.parametrize("kind", TRANSPORTS)
@@ -181,7 +183,7 @@ def test_a_held_release_hands_the_handlers_error_back_before_the_deadline(kind, 
 
         started = time.monotonic()
         with pytest.raises(ValueError, match="the handler's own error"):
-            cycle.run(KEY, fails, 2_000)
+            cycle.run(Invocation(2_000), KEY, fails)
         elapsed = time.monotonic() - started
         assert elapsed < 2.0 + SLACK, f"returned {elapsed:.2f} s after a start with 2 s left"  # unbounded: HOLD s
         assert proxy.operations()["DeleteItem"] == {LATENCY: 1}
@@ -202,7 +204,7 @@ def test_a_held_batch_is_answered_before_the_deadline_however_many_records(kind,
             if operation == "DeleteItem":
                 raise RuntimeError("the consumer failed")
 
-        runner = batch.Runner(cycle, KeyDeriver("fn", None), False, consumer)
+        runner = BatchRunner(cycle, KeyDeriver("fn", None), False, consumer)
         event = events.sqs_event([events.json_message({"n": str(i)}) for i in range(60)])
         started = time.monotonic()
         try:
@@ -224,7 +226,7 @@ def test_a_refused_claim_is_not_withdrawn(kind, dynamodb, layer_env, table_name,
     with _faulted(dynamodb, monkeypatch, "PutItem", {THROTTLE: 1.0}) as proxy:
         cycle, _ = cycle_on(build_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=1), table_name)
         with pytest.raises(IdempotencyPersistenceLayerError):
-            cycle.run(KEY, lambda: pytest.fail("the handler ran"), LONG)
+            cycle.run(Invocation(LONG), KEY, lambda: pytest.fail("the handler ran"))
         assert proxy.operations() == {"PutItem": {THROTTLE: 1}}
 
 
@@ -243,10 +245,10 @@ def test_a_handler_that_returns_in_the_last_moments_still_completes(transport, t
         time.sleep(max(0.0, ends - 0.2 - time.monotonic()))  # 200 ms left: past the 300 ms + 100 ms bound
         return "placed"
 
-    assert cycle.run(KEY, late, remaining_ms).value == "placed"
+    assert cycle.run(Invocation(remaining_ms), KEY, late).value == "placed"
     assert time.monotonic() < ends + SLACK  # returned by the deadline (the machine's slack aside)
     assert store.get(KEY).status == COMPLETED
-    assert cycle.run(KEY, lambda: runs.append(1), LONG).replayed and runs == [1]
+    assert cycle.run(Invocation(LONG), KEY, lambda: runs.append(1)).replayed and runs == [1]
 
 
 class RecordAttempts:
@@ -272,7 +274,7 @@ def test_the_time_a_late_completion_gets_never_shrinks_to_nothing(transport, tab
     cycle, store = cycle_on(recording, table_name)
     remaining_ms = 1_500
     ends = time.monotonic() + remaining_ms / 1000
-    cycle.run(KEY, lambda: time.sleep(max(0.0, ends - left_s - time.monotonic())) or "placed", remaining_ms)
+    cycle.run(Invocation(remaining_ms), KEY, lambda: time.sleep(max(0.0, ends - left_s - time.monotonic())) or "placed")
     (given, attempt_ends), = recording.attempts
     assert given >= min(0.09, left_s - 0.06), f"{given * 1000:.0f} ms given with {left_s * 1000:.0f} ms left"
     assert attempt_ends <= ends - 0.045

@@ -16,6 +16,7 @@ from idempotency_layer.cli.records import purge
 from idempotency_layer.config import Attributes
 from idempotency_layer.cycle import Cycle
 from idempotency_layer.errors import IdempotencyPersistenceLayerError
+from idempotency_layer.invocation import Invocation
 from idempotency_layer.store import COMPLETED, DynamoDBStore
 from tests.conftest import TRANSPORTS, build_transport
 from tests.support.fault_proxy import DROP_REPLY, THROTTLE, FaultProxy
@@ -49,11 +50,12 @@ def test_a_claim_re_sent_after_a_lost_answer_then_throttled_is_withdrawn(
     faulty.script("PutItem", DROP_REPLY, THROTTLE)
     runs: list[int] = []
     with pytest.raises(IdempotencyPersistenceLayerError, match="ThrottlingException"):
-        cycle.run("fn#order-1", lambda: runs.append(1), LONG)
+        cycle.run(Invocation(LONG), "fn#order-1", lambda: runs.append(1))
     assert faulty.operations()["PutItem"] == {DROP_REPLY: 1, THROTTLE: 1}
     # The first send's claim landed, and was withdrawn: the caller's retry runs now, not after the deadline.
     assert runs == [] and store.get("fn#order-1") is None
-    assert cycle.run("fn#order-1", lambda: runs.append(1) or "placed", LONG).value == "placed" and runs == [1]
+    assert cycle.run(Invocation(LONG), "fn#order-1", lambda: runs.append(1) or "placed").value == "placed"
+    assert runs == [1]
 
 
 @pytest.mark.parametrize("kind", TRANSPORTS)
@@ -61,7 +63,7 @@ def test_a_purge_whose_answer_was_lost_says_the_record_is_gone(
         kind: str, faulty: FaultProxy, table_name: str, layer_env: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     store = _store(kind, faulty, table_name, monkeypatch, max_attempts=1 if kind.startswith("lean") else 2)
     cycle = Cycle(store, ttl_seconds=3600)
-    assert cycle.run("fn#order-2", lambda: "placed", LONG).value == "placed"
+    assert cycle.run(Invocation(LONG), "fn#order-2", lambda: "placed").value == "placed"
     assert store.get("fn#order-2").status == COMPLETED
     # The delete lands, its answer is lost; sent again, it fails its condition (nothing is there any more).
     faulty.script("DeleteItem", DROP_REPLY)
@@ -78,10 +80,10 @@ def test_a_completion_re_sent_after_a_lost_answer_then_throttled_stays_a_complet
     cycle = Cycle(store, ttl_seconds=3600)
     faulty.script("UpdateItem", DROP_REPLY, THROTTLE)
     runs: list[int] = []
-    assert cycle.run("fn#order-3", lambda: runs.append(1) or "placed", LONG).value == "placed"
+    assert cycle.run(Invocation(LONG), "fn#order-3", lambda: runs.append(1) or "placed").value == "placed"
     # The first send completed the record; whatever the layer made of the throttled re-send, the copy replays.
     assert store.get("fn#order-3").status == COMPLETED
-    assert cycle.run("fn#order-3", lambda: runs.append(1), LONG).value == "placed" and runs == [1]
+    assert cycle.run(Invocation(LONG), "fn#order-3", lambda: runs.append(1)).value == "placed" and runs == [1]
 
 
 @pytest.mark.parametrize("kind", TRANSPORTS)
@@ -96,7 +98,7 @@ def test_a_release_re_sent_after_a_lost_answer_then_throttled_lets_the_retry_run
         raise ValueError("declined")
 
     with pytest.raises(ValueError, match="declined"):
-        cycle.run("fn#order-4", fails, LONG)
+        cycle.run(Invocation(LONG), "fn#order-4", fails)
     assert store.get("fn#order-4") is None  # the first send released it
     assert "may have landed" in caplog.text  # the failed release does not claim the key stays blocked
-    assert cycle.run("fn#order-4", lambda: "placed", LONG).value == "placed"
+    assert cycle.run(Invocation(LONG), "fn#order-4", lambda: "placed").value == "placed"

@@ -17,6 +17,7 @@ from idempotency_layer import codec
 from idempotency_layer.config import Attributes
 from idempotency_layer.cycle import Cycle
 from idempotency_layer.dynamodb import Deadline
+from idempotency_layer.invocation import Invocation
 from idempotency_layer.store import COMPLETED, DynamoDBStore
 from tests.conftest import TRANSPORTS, build_transport
 from tests.support.fault_proxy import FORWARDED, STALL, STALL_AFTER_BYTE, FaultProxy
@@ -121,11 +122,11 @@ def test_a_completion_after_a_stalled_attempt_lands_and_a_later_copy_replays(
     store.verify()
     stalling.script("UpdateItem", stall)
     started = time.monotonic()
-    first = cycle.run("fn#order-1", lambda: runs.append(1) or {"placed": True}, 8_000)
+    first = cycle.run(Invocation(8_000), "fn#order-1", lambda: runs.append(1) or {"placed": True})
     took = time.monotonic() - started
     assert first == ({"placed": True}, False)
     assert store.get("fn#order-1").status == COMPLETED
     # Not held to the deadline (8 s less the return margin): one read timeout, then the write.
     assert took < 8.0 - 1.0, f"the completion took {took:.2f} s"
-    again = cycle.run("fn#order-1", lambda: runs.append(1), 8_000)
+    again = cycle.run(Invocation(8_000), "fn#order-1", lambda: runs.append(1))
     assert again == ({"placed": True}, True) and runs == [1]

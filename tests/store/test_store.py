@@ -7,6 +7,7 @@ import pytest
 from idempotency_layer import codec
 from idempotency_layer.config import Attributes
 from idempotency_layer.errors import IdempotencyPersistenceLayerError
+from idempotency_layer.invocation import Invocation
 from idempotency_layer.store import COMPLETED, INPROGRESS, DynamoDBStore
 
 KEY = "fn#abc"
@@ -162,12 +163,12 @@ def test_a_release_whose_first_copy_landed_is_not_logged_as_a_take_over(store, t
                                   "ConditionExpression": "#o = :me", "ExpressionAttributeNames": {"#o": "owner"},
                                   "ExpressionAttributeValues": {":me": {"S": "me"}}})  # the first copy
     with caplog.at_level("INFO", logger="idempotency_layer"):
-        cycle.release(KEY, "me")
+        cycle.release(Invocation(60_000), KEY, "me")
     assert store.release(KEY, "me") is True
     assert "taken over" not in caplog.text and "already gone" in caplog.text
     caplog.clear()
     assert claim(store, owner="other") is None
     with caplog.at_level("INFO", logger="idempotency_layer"):
-        cycle.release(KEY, "me")
+        cycle.release(Invocation(60_000), KEY, "me")
     assert "taken over before release" in caplog.text
     assert raw(ddb_client, table_name)["owner"] == {"S": "other"}  # left alone

@@ -26,6 +26,7 @@ from idempotency_layer.sources import batch
 from tests.store.test_batch import deliver, failed_ids, identifier, in_progress_elsewhere, payload
 from tests.store.test_correctness import EXAMPLES
 from tests.support import events
+from tests.support.batches import BatchRunner
 
 SOURCES = ["kinesis", "dynamodb"]
 ORDER_KEY = "json_parse(base64_decode(kinesis.data)).order"  # Kinesis records keyed by the order they carry
@@ -86,16 +87,16 @@ class ReportEveryFailure(StopAtFirstFailure):
         return {"batchItemFailures": failures}
 
 
-def key_of(run: batch.Runner, record: dict[str, Any]) -> str:
+def key_of(run: BatchRunner, record: dict[str, Any]) -> str:
     parsed = batch.parse(events.stream_event([record]), False)
     assert parsed is not None
-    key = run._key(parsed, 0)
+    key = batch.record_key(run.keys, parsed, 0)
     assert key is not None
     return key
 
 
-def runner(store, handler, mode: str, expression: str | None = None) -> batch.Runner:
-    return batch.Runner(Cycle(store, ttl_seconds=3600), KeyDeriver("fn", expression), False, handler, mode)
+def runner(store, handler, mode: str, expression: str | None = None) -> BatchRunner:
+    return BatchRunner(Cycle(store, ttl_seconds=3600), KeyDeriver("fn", expression), False, handler, mode)
 
 
 class Shard:
@@ -103,7 +104,7 @@ class Shard:
     a partial batch response moves the checkpoint to the record with the lowest sequence number it names; a
     function error retries the batch, split in halves under BisectBatchOnFunctionError."""
 
-    def __init__(self, run: batch.Runner, records: list[dict[str, Any]], bisect: bool = False) -> None:
+    def __init__(self, run: BatchRunner, records: list[dict[str, Any]], bisect: bool = False) -> None:
         self.run, self.records, self.bisect = run, records, bisect
         self.position = 0  # the checkpoint: every record before it is done for Lambda
 

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from idempotency_layer.config import load
 from idempotency_layer.cycle import Cycle
 from idempotency_layer.errors import IdempotencyConfigurationError
+from idempotency_layer.invocation import Invocation
 from idempotency_layer.sources.redelivery import shows_redelivery
 from tests.support import events
 
@@ -72,11 +73,6 @@ def test_a_bad_setting_names_the_variable_and_the_choices():
         load({**BASE, "IDEMPOTENCY_BATCH_PRECHECK": "sometimes"})
 
 
-def test_the_cycle_refuses_an_unknown_mode():
-    with pytest.raises(ValueError, match="batch_precheck must be one of auto, always, never"):
-        Cycle(object(), ttl_seconds=60, batch_precheck="often")  # type: ignore[arg-type]
-
-
 class Unreachable:
     def read(self, keys, deadline=None):
         raise AssertionError("no read expected")
@@ -85,5 +81,5 @@ class Unreachable:
 @pytest.mark.parametrize("mode, redelivered, keys", [("never", True, 5), ("auto", False, 5), ("always", True, 1),
                                                       ("auto", True, 1)])
 def test_no_read_when_none_is_due(mode, redelivered, keys):
-    cycle = Cycle(Unreachable(), ttl_seconds=60, batch_precheck=mode)  # type: ignore[arg-type]
-    assert cycle.precheck({f"k{i}": None for i in range(keys)}, 60_000, redelivered) == {}
+    cycle = Cycle(Unreachable(), ttl_seconds=60, precheck=mode)  # type: ignore[arg-type]
+    assert cycle.precheck(Invocation(60_000), {f"k{i}": None for i in range(keys)}, redelivered) == {}

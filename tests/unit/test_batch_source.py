@@ -51,7 +51,6 @@ def test_streams_read_failures_as_a_checkpoint_and_sqs_fifo_included_per_message
                        required=False)
     standard = batch.parse(events.sqs_event([events.json_message({"n": 1})]), required=False)
     assert [parsed.source.checkpoint for parsed in (kinesis, streams, fifo, standard)] == [True, True, False, False]
-    assert batch.STREAM_FAILURES == ("checkpoint", "records")
 
 
 @pytest.mark.parametrize(

@@ -207,24 +207,27 @@ def test_the_layer_never_imports_the_cli_and_the_cli_never_imports_the_intercept
     assert cli.stdout.strip() == "False"
 
 
-def test_route_imports_a_source_module_only_for_an_event_of_its_kind():
+def test_the_plan_imports_a_source_module_only_for_an_event_of_its_kind():
     code = (
         "import sys\n"
         "from idempotency_layer.cli.settings import load\n"
-        "from idempotency_layer.keys import route\n"
+        "from idempotency_layer.keys import KeyDeriver\n"
+        "from idempotency_layer.sources import plan\n"
         "config = load({'AWS_LAMBDA_FUNCTION_NAME': 'f', 'IDEMPOTENCY_TABLE': 't-1'})\n"
+        "keys = KeyDeriver('f', None)\n"
         "loaded = lambda: sorted(m for m in sys.modules if m.startswith('idempotency_layer.sources.'))\n"
-        "print(route(config, {'orderId': 1, 'Records': 'not a list'})[0], loaded())\n"
-        "print(route(config, {'Records': [{'eventSource': 'aws:sqs', 'messageId': 'm'}]})[0], loaded())\n"
-        "print(route(config, {'version': '2.0', 'requestContext': {'http': {'method': 'GET'}}})[0], loaded())\n"
+        "print(plan(config, keys, {'orderId': 1, 'Records': 'not a list'}).kind, loaded())\n"
+        "print(plan(config, keys, {'Records': [{'eventSource': 'aws:sqs', 'messageId': 'm'}]}).kind, loaded())\n"
+        "print(plan(config, keys, {'version': '2.0', 'requestContext': {'http': {'method': 'GET'}}}).kind, loaded())\n"
     )
     done = _python(code, {**os.environ, "PYTHONPATH": str(ROOT / "layer")})
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
-        "event []",
-        "batch ['idempotency_layer.sources.batch', 'idempotency_layer.sources.redelivery']",
-        "http ['idempotency_layer.sources.batch', 'idempotency_layer.sources.http', "
-        "'idempotency_layer.sources.redelivery']",
+        "event ['idempotency_layer.sources.durable']",
+        "batch ['idempotency_layer.sources.batch', 'idempotency_layer.sources.batches', "
+        "'idempotency_layer.sources.durable']",
+        "http ['idempotency_layer.sources.batch', 'idempotency_layer.sources.batches', "
+        "'idempotency_layer.sources.durable', 'idempotency_layer.sources.http']",
     ]
 
 

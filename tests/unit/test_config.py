@@ -24,8 +24,8 @@ def test_defaults():
     assert config.scope == "auto"
     assert config.payload_jmespath is None and config.attributes.payload_hash == "payload_hash"
     assert config.in_progress_seconds == 0 and config.wait_seconds == 0
-    assert config.http == "auto" and config.key_header == "Idempotency-Key"
-    assert config.stream_failures == "checkpoint"
+    assert config.http is True and config.key_header == "Idempotency-Key"
+    assert config.stream_checkpoint is True
 
 
 def test_config_is_immutable():
@@ -168,7 +168,7 @@ def test_choices_are_case_insensitive():
     config = load({**BASE, "IDEMPOTENCY_TRANSPORT": "BOTO3", "IDEMPOTENCY_LOG_LEVEL": "debug",
                    "IDEMPOTENCY_SCOPE": "Record", "IDEMPOTENCY_STREAM_FAILURES": " Records "})
     assert config.transport == "boto3"
-    assert config.stream_failures == "records"
+    assert config.stream_checkpoint is False
     assert config.scope == "record"
     assert config.log_level == "DEBUG"
 
@@ -200,7 +200,7 @@ def test_empty_or_blank_values_count_as_unset():
     config = load({**BASE, "IDEMPOTENCY_TTL_SECONDS": "  ", "IDEMPOTENCY_PAYLOAD_JMESPATH": "",
                    "IDEMPOTENCY_WAIT_SECONDS": " ", "IDEMPOTENCY_SCOPE": "", "IDEMPOTENCY_STREAM_FAILURES": " "})
     assert (config.ttl_seconds, config.payload_jmespath, config.wait_seconds, config.scope) == (3600, None, 0, "auto")
-    assert config.stream_failures == "checkpoint"
+    assert config.stream_checkpoint is True
 
 
 def test_caller_headers_are_a_lower_cased_list_without_repeats():

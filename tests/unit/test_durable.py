@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 
 from idempotency_layer import config as _config
-from idempotency_layer.keys import durable_target, is_durable, route
+from idempotency_layer.keys import KeyDeriver
+from idempotency_layer.plan import DURABLE, EVENT
+from idempotency_layer.sources import plan
+from idempotency_layer.sources.durable import durable_target, is_durable
 
 FUNCTION = "orders-workflow"
 ARN = f"arn:aws:lambda:us-east-1:123456789012:function:{FUNCTION}:$LATEST/durable-execution/order-42/4f1c2a9e"
@@ -79,12 +82,16 @@ def _config_with(**env):
     {"IDEMPOTENCY_KEY_JMESPATH": "CheckpointToken"},
     {"IDEMPOTENCY_REQUIRE_KEY": "true", "IDEMPOTENCY_KEY_JMESPATH": "orderId"}, {"IDEMPOTENCY_HTTP": "off"},
 ])
-def test_route_passes_a_durable_invocation_through_whatever_the_settings(env):
-    assert route(_config_with(**env), envelope()) == ("durable", None)
+def test_the_plan_passes_a_durable_invocation_through_whatever_the_settings(env):
+    config = _config_with(**env)
+    keys = KeyDeriver(config.key_prefix, config.key_jmespath, config.payload_jmespath)
+    assert plan(config, keys, envelope()).kind == DURABLE
 
 
-def test_route_still_keys_an_event_that_only_looks_alike():
-    assert route(_config_with(), envelope(DurableExecutionArn=ARN.replace(FUNCTION, "other"))) == ("event", None)
+def test_the_plan_still_keys_an_event_that_only_looks_alike():
+    config = _config_with()
+    found = plan(config, KeyDeriver(FUNCTION, None), envelope(DurableExecutionArn=ARN.replace(FUNCTION, "other")))
+    assert found.kind == EVENT and found.units[0].key is not None
 
 
 def test_the_cli_says_a_durable_invocation_has_no_key(tmp_path, monkeypatch, capsys):

@@ -248,6 +248,7 @@ def _sent_by_boto3(loader) -> str:
     return sent.value.args[0].rstrip("/")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("region", REGIONS)
 def test_every_region_and_variant_goes_where_a_boto3_client_sends(aws_env, region):
     """Issue 28: GovCloud with FIPS, the ISO partitions with dual-stack and AWS_ACCOUNT_ID_ENDPOINT_MODE=required

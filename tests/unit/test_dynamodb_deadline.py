@@ -1,4 +1,4 @@
-"""dynamodb.deadline: how long an attempt may take (shrinking smoothly to nothing past the deadline), whether a
+"""deadline: how long an attempt may take (shrinking smoothly to nothing past the deadline), whether a
 backoff fits, and a deadline moved earlier."""
 
 from __future__ import annotations

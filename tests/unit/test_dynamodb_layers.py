@@ -1,5 +1,5 @@
-"""The DynamoDB client's shape, checked on its source: layers without a circle or an upward import, no
-private botocore name, no HTTP framing of our own (issue 21's "done when")."""
+"""The DynamoDB client's shape, checked on its source: no private botocore name, no HTTP framing of our own (issue
+21's "done when"); its layers are checked with the whole package's (tests/unit/test_layers.py)."""
 
 from __future__ import annotations
 
@@ -7,47 +7,8 @@ import ast
 import re
 from pathlib import Path
 
-import pytest
-
 PACKAGE = Path(__file__).resolve().parents[2] / "layer" / "idempotency_layer"
 CLIENT = PACKAGE / "dynamodb"
-
-# Each module's layer, as the package docstring draws them: a module imports only from lower layers.
-LAYERS = {
-    "errors": 0, "deadline": 0, "target": 0, "trust": 0,
-    "environment": 1, "botocore_source": 1, "wire": 1, "sigv4": 1, "retry": 1,
-    "connection": 2,
-    "client": 3, "boto3_client": 3,
-    "__init__": 4,
-}
-
-
-def _imports(path: Path) -> list[tuple[int, str]]:
-    """(level, module) of each import in `path`; level 0 is absolute."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level and not node.module:  # from . import wire
-            found.extend((node.level, alias.name) for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            found.append((node.level, node.module or ""))
-        elif isinstance(node, ast.Import):
-            found.extend((0, alias.name) for alias in node.names)
-    return found
-
-
-def test_every_module_has_a_layer():
-    assert {p.stem for p in CLIENT.glob("*.py")} == set(LAYERS)
-
-
-@pytest.mark.parametrize("module", sorted(LAYERS))
-def test_a_module_imports_only_from_layers_below_it_and_nothing_of_the_layer_above(module):
-    for level, name in _imports(CLIENT / f"{module}.py"):
-        assert level <= 1, f"{module} imports {'.' * level}{name}: the client depends on nothing of the layer's"
-        assert not name.startswith("idempotency_layer"), f"{module} imports {name}"
-        if level == 1:
-            target = name.split(".")[0] or "__init__"
-            assert LAYERS[target] < LAYERS[module], f"{module} (layer {LAYERS[module]}) imports {target}"
-
 
 def _sources() -> list[Path]:
     return sorted(PACKAGE.rglob("*.py"))

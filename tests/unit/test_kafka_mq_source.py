@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from idempotency_layer.config import load
 from idempotency_layer.errors import IdempotencyKeyError
-from idempotency_layer.keys import KeyDeriver, route
-from idempotency_layer.sources import batch
+from idempotency_layer.keys import KeyDeriver
+from idempotency_layer.sources import batch, plan
 from tests.support import broker_events as brokers
 
 BASE = {"IDEMPOTENCY_TABLE": "orders-table", "IDEMPOTENCY_KEY_PREFIX": "fn",
@@ -236,23 +236,21 @@ def test_route_takes_kafka_and_mq_events_as_batches_under_auto_and_record(scope)
                   brokers.kafka_event([brokers.kafka_record("orders", 0, 1, {})], self_managed=True),
                   brokers.activemq_event([brokers.activemq_message({})]),
                   brokers.rabbitmq_event({"q::/": [brokers.rabbitmq_message({})]})):
-        assert route(config, event)[0] == ("event" if scope == "event" else "batch")
+        assert plan(config, KEYS, event).kind == ("event" if scope == "event" else "batch")
 
 
 def test_scope_record_names_kafka_and_mq_when_refusing_another_event():
     config = load({**BASE, "IDEMPOTENCY_SCOPE": "record", "AWS_LAMBDA_FUNCTION_NAME": "fn"})
     refused = r"Kafka or Amazon MQ.*aws:kafka, SelfManagedKafka, aws:mq or aws:rmq"
     with pytest.raises(IdempotencyKeyError, match=refused):
-        route(config, {"orderId": 1})
+        plan(config, KEYS, {"orderId": 1})
 
 
 def test_batch_response_setting():
-    assert load({**BASE}).batch_response == "partial"
-    assert load({**BASE, "IDEMPOTENCY_BATCH_RESPONSE": "fail"}).batch_response == "fail"
+    assert load({**BASE}).fail_whole_batch is False
+    assert load({**BASE, "IDEMPOTENCY_BATCH_RESPONSE": "fail"}).fail_whole_batch is True
     with pytest.raises(Exception, match="IDEMPOTENCY_BATCH_RESPONSE"):
         load({**BASE, "IDEMPOTENCY_BATCH_RESPONSE": "all"})
-    with pytest.raises(ValueError, match="batch_response"):
-        batch.Runner(None, KEYS, False, print, "checkpoint", "all")
 
 
 # doctor --function: IDEMPOTENCY_BATCH_RESPONSE=fail in place of ReportBatchItemFailures; Amazon MQ mappings.
@@ -272,7 +270,7 @@ def test_doctor_accepts_batch_response_fail_in_place_of_partial_batch_responses(
     queue = {"VisibilityTimeout": "180", "RedrivePolicy": "{}"} if ":sqs:" in mapping.get("EventSourceArn", "") \
         else None
     assert [c.status for c in mapping_checks(mapping, 30, queue)][:len(partial)] == partial
-    checks = mapping_checks(mapping, 30, queue, "fail")
+    checks = mapping_checks(mapping, 30, queue, True)
     assert [c.status for c in checks][:len(fail)] == fail
     if partial[0] == "FAIL":
         assert "IDEMPOTENCY_BATCH_RESPONSE=fail" in mapping_checks(mapping, 30, queue)[0].fix

@@ -169,12 +169,6 @@ def test_the_tally_adds_exactly_under_threads():
 # -- the observer ---------------------------------------------------------------------------------------------
 
 
-class _Cycle:
-    def __init__(self) -> None:
-        self.store = object()
-        self.tally = None
-
-
 class _Context:
     aws_request_id = "req-9"
 
@@ -185,19 +179,18 @@ class _Broken(io.StringIO):
 
 
 def test_a_failed_write_is_logged_and_never_raised(caplog):
-    observer = metrics.Observer(_Cycle(), True, "Idempotency", "orders", out=_Broken())
-    tally = observer.start()
+    observer = metrics.Observer(True, "Idempotency", "orders", out=_Broken())
+    tally = metrics.Tally()
     with caplog.at_level(logging.WARNING, logger="idempotency_layer"):
         observer.finish(tally, _Context(), None)
     assert "writing the invocation's metrics failed (OSError)" in caplog.text
-    assert observer.cycle.tally is None
 
 
 def test_the_observer_writes_one_line_per_invocation():
     out = io.StringIO()
-    observer = metrics.Observer(_Cycle(), True, "Ns", "orders", out=out)
+    observer = metrics.Observer(True, "Ns", "orders", out=out)
     for _ in range(3):
-        tally = observer.start()
+        tally = metrics.Tally()
         tally.add("Replays")
         observer.finish(tally, _Context(), ValueError("x"))
     docs = [emf.check(line) for line in out.getvalue().splitlines()]
@@ -249,9 +242,9 @@ BASE = {"IDEMPOTENCY_ORIGINAL_HANDLER": "app.handler", "IDEMPOTENCY_TABLE": "ord
 
 def test_metrics_settings_default_and_choices():
     loaded = config.load(BASE)
-    assert (loaded.metrics, loaded.metrics_namespace) == ("off", "Idempotency")
+    assert (loaded.metrics, loaded.metrics_namespace) == (False, "Idempotency")
     loaded = config.load({**BASE, "IDEMPOTENCY_METRICS": "EMF", "IDEMPOTENCY_METRICS_NAMESPACE": "Shop/Orders"})
-    assert (loaded.metrics, loaded.metrics_namespace) == ("emf", "Shop/Orders")
+    assert (loaded.metrics, loaded.metrics_namespace) == (True, "Shop/Orders")
 
 
 @pytest.mark.parametrize(("name", "value", "says"), [
@@ -302,8 +295,9 @@ from idempotency_layer import interceptor
 from idempotency_layer.config import load
 store = types.SimpleNamespace()
 handler = interceptor.build(load(), lambda e, c: e, store=store)
-print(handler.__qualname__, handler.cycle.tally, "idempotency_layer.metrics" in sys.modules,
-      type(handler.cycle.store).__name__, "observer" in handler.__code__.co_freevars)
+observer = handler.__closure__[handler.__code__.co_freevars.index("observer")].cell_contents
+print(handler.__qualname__, "idempotency_layer.metrics" in sys.modules, type(handler.cycle.store).__name__,
+      type(observer).__name__)
 """
 
 
@@ -324,11 +318,11 @@ def test_off_means_no_import_and_the_plain_handler(tmp_path, env, observed):
              "AWS_ENDPOINT_URL_DYNAMODB": "http://127.0.0.1:9", **env},
     )
     assert done.returncode == 0, done.stderr
-    name, tally, imported, store, wrapped = done.stdout.split()
-    assert tally == "None"
-    assert imported == wrapped == str(observed)  # off: the dispatching handler itself, no wrapper around it
-    assert store == ("TimedStore" if observed else "SimpleNamespace")
-    assert name == "build.<locals>.handler"  # the same frame name either way: tracebacks show it
+    name, imported, store, observer = done.stdout.split()
+    assert imported == str(observed)  # off: the metrics module is not even imported
+    assert observer == ("Observer" if observed else "NoneType")
+    assert store == "SimpleNamespace"  # the store the cycle was given: nothing is swapped in
+    assert name == "build.<locals>.handler"
 
 
 @pytest.mark.parametrize(("log_format", "lambda_level", "level"), [
@@ -343,8 +337,8 @@ def test_a_document_passes_lambdas_log_level_filter(monkeypatch, log_format, lam
         else:
             monkeypatch.setenv(name, value)
     out = io.StringIO()
-    observer = metrics.Observer(_Cycle(), True, "Ns", "orders", out=out)
-    tally = observer.start()
+    observer = metrics.Observer(True, "Ns", "orders", out=out)
+    tally = metrics.Tally()
     tally.add("FirstExecutions")
     observer.finish(tally, _Context(), None)
     doc = emf.check(out.getvalue().strip())
@@ -366,21 +360,20 @@ def test_finish_never_raises_even_when_logging_does(monkeypatch):
     monkeypatch.setattr(logger, "propagate", False)
     logger.addHandler(raising)
     try:
-        observer = metrics.Observer(_Cycle(), True, "Ns", "orders", out=_Broken())
-        tally = observer.start()
+        observer = metrics.Observer(True, "Ns", "orders", out=_Broken())
+        tally = metrics.Tally()
         tally.add("FirstExecutions")
         observer.finish(tally, _Context(), KeyError("the handler's own"))  # the document, the line, the warnings
     finally:
         logger.removeHandler(raising)
-    assert observer.cycle.tally is None
 
 
 def test_documents_go_to_the_stdout_of_init_not_one_the_handler_swapped_in(monkeypatch):
     runtime_stdout, handlers_file = io.StringIO(), io.StringIO()
     monkeypatch.setattr(sys, "stdout", runtime_stdout)  # as awslambdaric sets it up before the handler's import
-    observer = metrics.Observer(_Cycle(), True, "Ns", "orders")
+    observer = metrics.Observer(True, "Ns", "orders")
     monkeypatch.setattr(sys, "stdout", handlers_file)  # what a handler may do: sys.stdout = open(...)
-    tally = observer.start()
+    tally = metrics.Tally()
     tally.add("FirstExecutions")
     observer.finish(tally, _Context(), None)
     assert handlers_file.getvalue() == ""

@@ -12,6 +12,8 @@ from idempotency_layer.store import DynamoDBStore
 from tests.support.memory_dynamodb import MemoryDynamoDB
 from tools.model import Bounds, Violation, explore
 
+pytestmark = pytest.mark.slow
+
 SEARCHES = {
     # two copies racing, one fault and one crash anywhere, two clock jumps
     "two copies": (Bounds(invocations=2, faults=1, crashes=1, advances=2), 4112),

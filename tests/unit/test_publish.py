@@ -11,6 +11,8 @@ import pytest
 from scripts import publish
 from tests.support.rie import ensure_layer
 
+pytestmark = pytest.mark.built
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -1,4 +1,5 @@
-"""The README's local-testing block and ./build.sh sam-local's scenario agree, without Docker.
+"""The local-testing block (docs/local.md, the README's guide to running locally) and ./build.sh sam-local's
+scenario agree, without Docker.
 
 `./build.sh sam-local` runs that block's commands (scripts/sam_local_check.py); these tests catch a README edit
 that the scenario no longer matches, and an env.json variable that SAM would silently drop, in every test run.
@@ -27,7 +28,7 @@ def _readme_block(body: str) -> str:
 
 
 def test_every_readme_command_is_setup_or_the_next_scenario_step() -> None:
-    paired = sam.plan(sam.readme_commands(ROOT / "README.md"))
+    paired = sam.plan(sam.readme_commands(ROOT / "docs" / "local.md"))
     steps = [step for _, step in paired if step is not None]
     assert steps == sam.SCENARIO
     setup = [command.text.split()[0] for command, step in paired if step is None]
@@ -35,7 +36,7 @@ def test_every_readme_command_is_setup_or_the_next_scenario_step() -> None:
 
 
 def test_the_block_parses_as_bash_as_pasted() -> None:
-    sam.shell_syntax_ok(sam.readme_block(ROOT / "README.md"))
+    sam.shell_syntax_ok(sam.readme_block(ROOT / "docs" / "local.md"))
     for broken in ("cat > env.json <<'JSON'\n{}\n  JSON\n", "echo 'open\n"):
         with pytest.raises(sam.CheckFailed, match="not valid bash"):
             sam.shell_syntax_ok(broken)
@@ -43,7 +44,7 @@ def test_the_block_parses_as_bash_as_pasted() -> None:
 
 def test_env_json_sets_only_variables_the_functions_declare() -> None:
     # SAM drops an --env-vars value the template does not declare, and the layer would then reach real DynamoDB.
-    (env,) = [c.heredoc for c in sam.readme_commands(ROOT / "README.md") if c.heredoc]
+    (env,) = [c.heredoc for c in sam.readme_commands(ROOT / "docs" / "local.md") if c.heredoc]
     assert env[0] == "env.json"
     values = json.loads(env[1])["Parameters"]
     functions = {name: r["Properties"]["Environment"]["Variables"]

@@ -1,13 +1,15 @@
-"""`key`: the stored key(s) the layer derives for an event, by the layer's own functions (`keys.route`,
-`sources.batch.record_key`, `sources.http.request_key`, `KeyDeriver`), so the answer cannot drift from the
-runtime's. Facts only: no event content is ever part of them."""
+"""`key`: the stored key(s) the layer derives for an event, read from the layer's own plan of it (`sources.plan`), so
+the answer cannot drift from the runtime's. Facts only: no event content is ever part of them."""
 
 from __future__ import annotations
 
 import json
 
-from ..errors import IdempotencyError, IdempotencyKeyError
-from ..keys import KeyDeriver, durable_target, route
+from ..errors import IdempotencyKeyError
+from ..keys import KeyDeriver
+from ..plan import BATCH, DURABLE, HTTP, MISMATCH, NO_FINGERPRINT, NO_KEY, REQUIRED, Plan, Unit
+from ..sources import plan
+from ..sources.durable import durable_target
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -62,104 +64,91 @@ def _no_key(config: Config, what: str) -> str:
 
 
 def derive(config: Config, event: Any) -> dict[str, Any]:
-    """What the layer does with `event` under `config`: the source that serves it and one entry per unit of
-    work (the whole event, an HTTP request, each batch record), with its stored key or why it has none."""
+    """What the layer does with `event` under `config`, from the layer's own plan of it: the source that serves it
+    and one entry per unit of work (the whole event, an HTTP request, each batch record), with its stored key or
+    why it has none."""
     if config.disabled:
         return {"source": "disabled", "entries": [],
                 "error": "IDEMPOTENCY_DISABLED is true: the runtime calls the handler directly, nothing is stored"}
     keys = KeyDeriver(config.key_prefix, config.key_jmespath, config.payload_jmespath)
     try:
-        kind, found = route(config, event)
+        found = plan(config, keys, event)
     except IdempotencyKeyError as error:
         return {"source": "none", "entries": [], "error": str(error)}
-    if kind == "durable":
+    if found.kind == DURABLE:
         return {"source": "durable", "entries": [{"key": None, "reason": (
             "a Lambda durable execution's invocation: the layer never claims it (a pass-through)")}]}
+    facts = _facts(config, found)
     target = durable_target(event)
     if target is not None and config.function_name is None:
         # The layer passes such an event through only as that function: without its name, say what it hinges on.
-        facts = _whole_or_other(config, keys, kind, found, event)
         facts["note"] = (f"the envelope of a durable execution of function {target[0]!r} in {target[1]}: the layer "
                          "passes it through, unclaimed, when it runs as that function there; pass --function-name "
                          "(and --region) to know")
-        return facts
-    return _whole_or_other(config, keys, kind, found, event)
-
-
-def _whole_or_other(config: Config, keys: KeyDeriver, kind: str, found: Any, event: Any) -> dict[str, Any]:
-    if kind == "http":
-        # The form and method only: a path, route or query can carry the very data a key must hide.
-        return {"source": "http", "form": found.form, "method": found.method,
-                "entries": [_request(config, keys, found, event)]}
-    if kind == "batch":
-        return _batch(config, keys, found, event)
-    return {"source": "event", "entries": [_whole(config, keys, event)]}
-
-
-def _whole(config: Config, keys: KeyDeriver, event: Any) -> dict[str, Any]:
-    try:
-        key = keys.key(event)
-        if key is None:
-            return {"key": None, "reason": _no_key(
-                config, f"IDEMPOTENCY_KEY_JMESPATH={config.key_jmespath or '@'!r} selected nothing from the event")}
-        return {"key": key, "fingerprint": keys.fingerprint(event)}
-    except IdempotencyError as error:
-        return {"key": None, "reason": f"{error} (the handler does not run)"}
-
-
-def _request(config: Config, keys: KeyDeriver, request: Any, event: Any) -> dict[str, Any]:
-    from ..sources.http import HeaderError, request_key
-
-    try:
-        key, fingerprint = request_key(keys, config, request, event)
-    except (HeaderError, IdempotencyError) as error:
-        return {"key": None, "reason": f"answered 400: {error}"}
-    if key is None:
-        what = f"the request has no {config.key_header} header"
-        if config.key_jmespath:
-            what += f" and IDEMPOTENCY_KEY_JMESPATH={config.key_jmespath!r} selected nothing"
-        if config.require_key:
-            return {"key": None, "reason": f"{what}, and IDEMPOTENCY_REQUIRE_KEY is true: answered 400"}
-        return {"key": None, "reason": _no_key(config, what)}
-    return {"key": key, "fingerprint": fingerprint}
-
-
-def _batch(config: Config, keys: KeyDeriver, batch: Any, event: Any) -> dict[str, Any]:
-    from ..sources.batch import record_key, refuse_a_whole_event_expression
-
-    facts: dict[str, Any] = {"source": "batch", "batch_source": batch.source.name, "entries": []}
-    nothing = 0  # records the expression selected nothing from
-    for index, identifier in enumerate(batch.identifiers):
-        entry: dict[str, Any] = {"index": index, "id": identifier}
-        try:
-            entry["key"] = record_key(keys, batch, index)
-            if entry["key"] is None:
-                nothing += 1
-                entry["reason"] = (f"IDEMPOTENCY_KEY_JMESPATH={config.key_jmespath!r} selected nothing from the "
-                                   "record: " + ("reported as failed (IDEMPOTENCY_REQUIRE_KEY is true)"
-                                                 if config.require_key else "it runs without idempotency"))
-            elif keys.payload is not None:
-                entry["fingerprint"] = keys.fingerprint(batch.records[index])
-        except IdempotencyKeyError as error:
-            entry.update(key=None, reason=f"reported as failed: {error}")
-        facts["entries"].append(entry)
-    if nothing and nothing == len(batch.records):  # as the batch runner judges it
-        try:
-            refuse_a_whole_event_expression(keys, batch, event)
-        except IdempotencyKeyError as error:
-            facts["error"] = str(error)
-    first: dict[str, int] = {}
-    for entry in facts["entries"]:
-        key = entry["key"]
-        if key is None:
-            continue
-        if key in first:
-            entry["same_as"] = first[key]  # one claim per distinct key, at its first record
-            if entry.get("fingerprint") != facts["entries"][first[key]].get("fingerprint"):
-                entry["reason"] = "reported as failed: the key of an earlier record with another payload"
-        else:
-            first[key] = entry["index"]
     return facts
+
+
+def _facts(config: Config, found: Plan) -> dict[str, Any]:
+    if found.kind == HTTP:
+        # The form and method only: a path, route or query can carry the very data a key must hide.
+        return {"source": "http", "form": found.request.form, "method": found.request.method,
+                "entries": [_request(config, found)]}
+    if found.kind == BATCH:
+        return _batch(config, found)
+    return {"source": "event", "entries": [_whole(config, found)]}
+
+
+def _whole(config: Config, found: Plan) -> dict[str, Any]:
+    unit = found.units[0]
+    nothing = f"IDEMPOTENCY_KEY_JMESPATH={config.key_jmespath or '@'!r} selected nothing from the event"
+    if unit.refused == REQUIRED or (unit.key is None and found.refusal is None):
+        return {"key": None, "reason": _no_key(config, nothing)}
+    if found.refusal is not None:
+        return {"key": None, "reason": f"{found.refusal} (the handler does not run)"}
+    return {"key": unit.key, "fingerprint": unit.fingerprint}
+
+
+def _request(config: Config, found: Plan) -> dict[str, Any]:
+    unit = found.units[0]
+    if unit.key is not None:
+        return {"key": unit.key, "fingerprint": unit.fingerprint}
+    if found.refusal is not None and unit.refused != REQUIRED:
+        return {"key": None, "reason": f"answered 400: {found.refusal}"}
+    what = f"the request has no {config.key_header} header"
+    if config.key_jmespath:
+        what += f" and IDEMPOTENCY_KEY_JMESPATH={config.key_jmespath!r} selected nothing"
+    if config.require_key:
+        return {"key": None, "reason": f"{what}, and IDEMPOTENCY_REQUIRE_KEY is true: answered 400"}
+    return {"key": None, "reason": _no_key(config, what)}
+
+
+def _batch(config: Config, found: Plan) -> dict[str, Any]:
+    batch = found.batch
+    facts: dict[str, Any] = {"source": "batch", "batch_source": batch.source.name, "entries": []}
+    if found.refusal is not None:  # an expression written for the whole event, as the executor refuses it
+        facts["error"] = str(found.refusal)
+        found = _batch_units(config, found)
+    for unit in found.units:
+        entry: dict[str, Any] = {"index": unit.position, "id": batch.identifiers[unit.position], "key": unit.key}
+        if unit.refused in (NO_KEY, NO_FINGERPRINT):
+            entry.update(key=None, reason=f"reported as failed: {unit.why}")
+        elif unit.key is None:
+            entry["reason"] = (f"IDEMPOTENCY_KEY_JMESPATH={config.key_jmespath!r} selected nothing from the "
+                               "record: " + ("reported as failed (IDEMPOTENCY_REQUIRE_KEY is true)"
+                                             if config.require_key else "it runs without idempotency"))
+        elif unit.fingerprint is not None:
+            entry["fingerprint"] = unit.fingerprint
+        if unit.key is not None and unit.refused not in (NO_KEY, NO_FINGERPRINT) and unit.first is not None:
+            entry["same_as"] = unit.first  # one claim per distinct key, at its first record
+            if unit.refused == MISMATCH:
+                entry["reason"] = "reported as failed: the key of an earlier record with another payload"
+        facts["entries"].append(entry)
+    return facts
+
+
+def _batch_units(config: Config, found: Plan) -> Plan:
+    """The units of a batch the plan refused whole (no record had a key): each record, without a key."""
+    return found._replace(units=tuple(Unit(None, position=index) for index in range(len(found.batch.records))))
 
 
 def keys_of(facts: dict[str, Any]) -> list[str]:

@@ -18,7 +18,7 @@ from . import settings as _settings
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, NamedTuple
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 WRAPPER = "/opt/idempotency-wrapper"
@@ -34,8 +34,17 @@ _DENIALS = frozenset({"AccessDeniedException", "UnrecognizedClientException", "M
                       "InvalidSignatureException", "KMSAccessDeniedException"})
 
 
-class Check(namedtuple("Check", ("name", "status", "detail", "fix"), defaults=(None,))):
-    # name: str; status: PASS | WARN | FAIL; detail: str; fix: str | None
+if TYPE_CHECKING:
+    class _CheckFields(NamedTuple):
+        name: str
+        status: str  # PASS, WARN or FAIL
+        detail: str
+        fix: str | None = None
+else:
+    _CheckFields = namedtuple("Check", ("name", "status", "detail", "fix"), defaults=(None,))
+
+
+class Check(_CheckFields):
     __slots__ = ()
 
 
@@ -51,7 +60,8 @@ def wrapper_check(wrapper: str | None, package: str) -> Check:
     (the wheel, installed anywhere; unset when the wrapper is the image's ENTRYPOINT) or "local" (either)."""
     name = "AWS_LAMBDA_EXEC_WRAPPER"
     blank = not (wrapper or "").strip()
-    installed = not blank and wrapper.startswith("/") and wrapper.rsplit("/", 1)[-1] == "idempotency-wrapper"
+    installed = (wrapper is not None and not blank and wrapper.startswith("/")
+                 and wrapper.rsplit("/", 1)[-1] == "idempotency-wrapper")
     image_fix = (f"set {name} to the absolute path of idempotency-wrapper in the image (e.g. "
                  "/var/lang/bin/idempotency-wrapper after pip install of the wheel), or make it the ENTRYPOINT")
     if package == "zip":
@@ -92,7 +102,7 @@ def next_wrapper_check(value: str | None) -> Check | None:
 def _runtime_check(runtime: str | None) -> Check:
     minor = runtime[len("python3."):] if runtime and runtime.startswith("python3.") else ""
     if minor.isdigit() and SUPPORTED[0] <= int(minor) <= SUPPORTED[1]:
-        return Check("runtime", PASS, runtime)
+        return Check("runtime", PASS, runtime or "")
     return Check("runtime", FAIL, f"{runtime or 'no runtime'}: the layer supports python3.{SUPPORTED[0]} to "
                  f"python3.{SUPPORTED[1]}", f"set the function's runtime to python3.{SUPPORTED[0]} - "
                  f"python3.{SUPPORTED[1]} (e.g. aws lambda update-function-configuration --runtime python3.12)")
@@ -158,10 +168,10 @@ def mapping_kind(mapping: dict[str, Any]) -> str:
 
 
 def mapping_checks(mapping: dict[str, Any], timeout: int, queue: dict[str, str] | None = None,
-                   batch_response: str = "partial") -> list[Check]:
+                   fail_whole_batch: bool = False) -> list[Check]:
     """What makes one event source mapping's batches safe under the layer. `queue`: an SQS queue's attributes
-    (GetQueueAttributes), or None when they could not be read. `batch_response`: IDEMPOTENCY_BATCH_RESPONSE; under
-    `fail` the layer never relies on a partial batch response, so a mapping need not honour one."""
+    (GetQueueAttributes), or None when they could not be read. `fail_whole_batch`: IDEMPOTENCY_BATCH_RESPONSE=fail,
+    under which the layer never relies on a partial batch response, so a mapping need not honour one."""
     kind = mapping_kind(mapping)
     uuid = mapping.get("UUID", "?")
     name = f"mapping {uuid} ({kind})"
@@ -172,7 +182,7 @@ def mapping_checks(mapping: dict[str, Any], timeout: int, queue: dict[str, str] 
         return [Check(name, PASS, "no partial batch response on Amazon MQ: a batch with a message that cannot run "
                       "fails the invocation after the others completed, and the broker redelivers it")]
     checks = []
-    fail = batch_response == "fail"
+    fail = fail_whole_batch
     if "ReportBatchItemFailures" in (mapping.get("FunctionResponseTypes") or []):
         checks.append(Check(name, PASS, "ReportBatchItemFailures is on"))
     elif fail:
@@ -236,7 +246,7 @@ CALL_SECONDS = 30
 
 
 def _bounded(call: Any) -> Any:
-    from ..dynamodb.deadline import within
+    from ..deadline import within
 
     return within(CALL_SECONDS, call, "idempotency-doctor")
 
@@ -278,7 +288,7 @@ def aws_failure(error: BaseException) -> tuple[str, str]:
     "transient" (a timeout, a 5xx, a throttle: retry) or "access" (credentials, permissions, the name)."""
     response = getattr(error, "response", None)
     if isinstance(response, dict):  # a ClientError: the service answered
-        answer = response.get("Error") if isinstance(response.get("Error"), dict) else {}
+        answer: dict[str, Any] = response["Error"] if isinstance(response.get("Error"), dict) else {}
         code = str(answer.get("Code") or type(error).__name__)
         status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode") or 0
         if code in _MISSING_QUEUE or code == "ResourceNotFoundException":
@@ -519,7 +529,7 @@ def run(args: Any, env: dict[str, str]) -> list[Check]:
             if mapping_kind(mapping) == "SQS" and session is not None:
                 queue, unread = _queue(session, mapping.get("EventSourceArn", ""))
             try:
-                found = mapping_checks(mapping, timeout or 3, queue, config.batch_response)
+                found = mapping_checks(mapping, timeout or 3, queue, config.fail_whole_batch)
             except (KeyError, TypeError, AttributeError, ValueError):
                 checks.append(_not_lambda("ListEventSourceMappings"))
                 continue

@@ -24,7 +24,7 @@ def relative(epoch_s: float, now: float) -> str:
     if seconds == 0:
         return "now"
     left = abs(seconds)
-    parts = []
+    parts: list[str] = []
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
         if left >= size or (unit == "s" and not parts):
             parts.append(f"{left // size}{unit}")

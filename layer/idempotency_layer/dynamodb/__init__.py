@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import os
 
-from .deadline import LAST_CHANCE_S, Deadline
+from ..deadline import LAST_CHANCE_S, Deadline
 from .errors import CHECK_FAILED, DEADLINE, DynamoDBError
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
-    from typing import Protocol
+    from typing import Any, Protocol
 else:
     Protocol = object  # the interface's documentation at run time; structural for type checkers
 
@@ -60,7 +60,8 @@ def make_transport(
     from .environment import check_sendable, plain_lambda
 
     check_sendable(os.environ)  # on every path: botocore would fail each request, the value in its message
-    options = {"connect_timeout": connect_timeout, "read_timeout": read_timeout, "max_attempts": max_attempts}
+    options: dict[str, Any] = {"connect_timeout": connect_timeout, "read_timeout": read_timeout,
+                               "max_attempts": max_attempts}
     if kind == "boto3":
         from .boto3_client import Boto3Transport
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 import random as _random
 import time
 
+from ..deadline import Deadline, within
 from . import wire
 from .connection import Budget, Pool, SendError
-from .deadline import Deadline, within
 from .environment import unsendable
 from .errors import DEADLINE, DynamoDBError, out_of_time
 from .retry import Retry
@@ -130,6 +130,7 @@ class Client:
             headers["User-Agent"] = "idempotency-layer md/transport#lean"
             headers["Accept-Encoding"] = "identity"  # no compressed answer: the CRC32 is of the body as sent
             answer_headers = None
+            failure: DynamoDBError | None
             try:
                 answer = self.pool.send(headers, body, budget)
             except SendError as error:

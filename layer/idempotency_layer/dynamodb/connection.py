@@ -48,7 +48,7 @@ from urllib.parse import unquote, urlsplit
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, NamedTuple
 
 _MAX_IDLE = 10  # batch claims run up to 10 requests at once (sources/batch.py)
 _BUFFER = 65536  # the reader's buffer: most answers arrive in one read
@@ -68,10 +68,16 @@ class SendError(Exception):
         self.sent = sent
 
 
-class Answer(namedtuple("Answer", ("status", "headers", "body"))):
-    # status: int
-    # headers: Headers  # a read-only mapping: names in any case, a repeated header's values joined with ", "
-    # body: bytes
+if TYPE_CHECKING:
+    class _AnswerFields(NamedTuple):
+        status: int
+        headers: Headers  # a read-only mapping: names in any case, a repeated header's values joined with ", "
+        body: bytes
+else:
+    _AnswerFields = namedtuple("Answer", ("status", "headers", "body"))
+
+
+class Answer(_AnswerFields):
     __slots__ = ()
 
 
@@ -188,16 +194,19 @@ class _Connection(http.client.HTTPConnection):
     tunnel_end: float | None = None  # when the attempt reading a proxy's CONNECT answer ends
     tunnel_reader: _Reader | None = None
 
-    def response_class(self, sock: Any, debuglevel: int = 0, method: str | None = None,
-                       url: str | None = None) -> http.client.HTTPResponse:
+    # http.client calls response_class(sock, method=...) for every answer: here it reads through our reader, which
+    # HTTPResponse takes in place of a socket (it only calls its makefile), so the checker sees a mismatch it is not.
+    def response_class(  # type: ignore[override]
+            self, sock: Any, debuglevel: int = 0, method: str | None = None,
+            url: str | None = None) -> http.client.HTTPResponse:
         if self.reader is None:
             # A proxy's CONNECT answer, before attach(): read through a timed reader too, so that one trickled a
             # byte at a time cannot hold the attempt past its end (each read waits at most the socket's timeout).
             timed = _Timed(sock)
             timed.end, timed.limit = self.tunnel_end, sock.gettimeout()
             self.tunnel_reader = _Reader(timed, _BUFFER)
-            return http.client.HTTPResponse(self.tunnel_reader, debuglevel, method)
-        return http.client.HTTPResponse(self.reader, debuglevel, method)
+            return http.client.HTTPResponse(self.tunnel_reader, debuglevel, method)  # type: ignore[arg-type]
+        return http.client.HTTPResponse(self.reader, debuglevel, method)  # type: ignore[arg-type]
 
     def tunnel_done(self) -> bool:
         """Let go of the CONNECT answer's reader; False if the proxy sent bytes after that answer (before our TLS

@@ -3,7 +3,8 @@
 Turns an HTTP event into what the cycle needs (a key from the Idempotency-Key header, scoped to the method,
 the route and every identity of the caller the request carries; a default payload fingerprint) and shapes
 responses the way each source expects them: problem responses (RFC 9457) for the layer's errors, and the replay
-marker header. `Runner` runs a request through the cycle by these rules; nothing else here touches the table.
+marker header. `plan` makes a request's plan; `answer` says the layer's errors as problem responses; the executor
+carries the plan out. Nothing here touches the table.
 """
 
 from __future__ import annotations
@@ -12,17 +13,15 @@ import json
 import logging
 from collections import namedtuple
 from collections.abc import Callable
-from functools import partial
 
 from .. import errors
-from ..cycle import Cycle
 from ..keys import KeyDeriver, digest, is_empty
 from ..log import fields
-from ..results import value_results
+from ..plan import HTTP, REQUIRED, Note, Plan, Unit
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, NamedTuple
 
 logger = logging.getLogger("idempotency_layer")
 
@@ -39,27 +38,33 @@ class HeaderError(ValueError):
     """The idempotency key header is malformed: the request gets a 400."""
 
 
-class Request(namedtuple("Request", (
-    "form",
-    "method",
-    "route",
-    "path",
-    "query",
-    "body",
-    "headers",
-    "multi",
-    "caller",
-))):
+if TYPE_CHECKING:
+    class _RequestFields(NamedTuple):
+        form: str  # "rest" (API Gateway payload 1.0), "v2" (HTTP API payload 2.0, Function URLs) or "alb"
+        method: str
+        route: str  # the route template when the source names one (resource, routeKey), else the path
+        path: str
+        query: Any  # the query as the source gives it (a string or a map), part of the default fingerprint
+        body: Any
+        headers: dict[str, list[str]]  # lower-cased names, every value
+        multi: bool  # the request came with multiValueHeaders: the response must use them too (ALB requires it)
+        caller: str | None  # who is calling (canonical JSON), when an authorizer, IAM, mTLS or ALB named anyone
+else:
+    _RequestFields = namedtuple("Request", (
+        "form",
+        "method",
+        "route",
+        "path",
+        "query",
+        "body",
+        "headers",
+        "multi",
+        "caller",
+    ))
 
-    # form: str  # "rest" (API Gateway payload 1.0), "v2" (HTTP API payload 2.0, Function URLs) or "alb"
-    # method: str
-    # route: str  # the route template when the source names one (resource, routeKey), else the path
-    # path: str
-    # query: Any  # the query as the source gives it (a string or a map), part of the default fingerprint
-    # body: Any
-    # headers: dict[str, list[str]]  # lower-cased names, every value
-    # multi: bool  # the request came with multiValueHeaders: the response must use them too (ALB requires it)
-    # caller: str | None  # who is calling (canonical JSON), when an authorizer, IAM, mTLS or ALB named anyone
+
+class Request(_RequestFields):
+
     __slots__ = ()
 
 
@@ -148,7 +153,7 @@ def _caller(event: dict[str, Any], form: str, headers: dict[str, list[str]]) -> 
         # x-amzn-oidc-data (a signed JWT) and the access token change whenever ALB refreshes the session
         identity = headers.get("x-amzn-oidc-identity")
         return _canonical({"oidc": identity[0]}) if identity else None
-    context = event.get("requestContext")
+    context = event["requestContext"]  # (parse checked it is an object)
     found = {part: _selected(context.get(part), (part,)) for part in _CALLER_PARTS[form]}
     found = {part: value for part, value in found.items() if value is not None}
     return _canonical(found) if found else None
@@ -319,9 +324,9 @@ def request_key(keys: KeyDeriver, settings: Any, request: Request, event: Any) -
     """The key and fingerprint of `request`, or (None, None) when it has no key; raises HeaderError or
     IdempotencyKeyError. `settings`: the configuration (or a runner), for key_header, key_jmespath,
     payload_jmespath and caller_headers. Side-effect free: the operator CLI derives keys with it too."""
-    value = key_header(request, settings.key_header)
+    header = key_header(request, settings.key_header)
     # The header's value, else what the key expression selects; tagged, so the two never meet.
-    value = None if value is None else ["header", value]
+    value: list[Any] | None = None if header is None else ["header", header]
     if value is None and settings.key_jmespath:
         selected = keys.select(event)
         value = None if is_empty(selected) else ["expression", selected]
@@ -333,88 +338,53 @@ def request_key(keys: KeyDeriver, settings: Any, request: Request, event: Any) -
     return key, f"{digest(default_payload(request))}.http"
 
 
-class Runner:
-    """Runs HTTP requests through the cycle: the key from the header (else what the key expression selects),
-    the layer's errors as problem responses, replays marked."""
+def plan(settings: Any, keys: KeyDeriver, request: Request, event: Any) -> Plan:
+    """The request's one unit: its scoped key and fingerprint (the header's, else the key expression's); or the
+    400 it is answered (`refusal`: a malformed header, an expression that cannot be applied, no key under
+    IDEMPOTENCY_REQUIRE_KEY); or no key, and it runs unguarded. Notes: the pass-through's warning, and each caller
+    header a keyed request of its format comes without (once per environment and format)."""
+    try:
+        key, fingerprint = request_key(keys, settings, request, event)
+    except (HeaderError, errors.IdempotencyKeyError) as error:
+        return Plan(HTTP, (Unit(None),), request=request, refusal=error)
+    if key is None:
+        if settings.require_key:
+            refusal = errors.IdempotencyKeyError(
+                f"the request has no {settings.key_header} header and IDEMPOTENCY_REQUIRE_KEY is true")
+            return Plan(HTTP, (Unit(None, refused=REQUIRED),), request=request, refusal=refusal)
+        expression = (f" and nothing selected by IDEMPOTENCY_KEY_JMESPATH={settings.key_jmespath!r}"
+                      if settings.key_jmespath else "")
+        note = Note(logging.WARNING, f"an HTTP request without the {settings.key_header} header{expression}; running "
+                                     "it without idempotency", None, "passed_through")
+        return Plan(HTTP, (Unit(None),), request=request, notes=(note,))
+    notes = tuple(
+        Note(logging.WARNING, f"IDEMPOTENCY_CALLER_HEADERS names {name!r}, which a request came without "
+                              f"({_FORMS[request.form]}): requests without it share one scope per key (said once per "
+                              "environment and format); if your callers always send it, it does not reach the "
+                              "function in this format", key, once=f"caller header {request.form} {name}")
+        for name in settings.caller_headers if name not in request.headers)
+    return Plan(HTTP, (Unit(key, fingerprint),), request=request, notes=notes)
 
-    def __init__(self, cycle: Cycle, keys: KeyDeriver, handler: Callable[[Any, Any], Any],
-                 remaining_ms: Callable[[Any], int], config: Any) -> None:
-        self.cycle = cycle
-        self.keys = keys
-        self.handler = handler
-        self.remaining_ms = remaining_ms  # of a context: read as the cycle starts, after the key is derived
-        self.key_header: str = config.key_header
-        self.key_jmespath: str | None = config.key_jmespath
-        self.payload_jmespath: str | None = config.payload_jmespath
-        self.caller_headers: tuple[str, ...] = config.caller_headers
-        self.require_key: bool = config.require_key
-        self._results: Any = None  # built for the first request that runs through the cycle
-        self._said_missing: set[tuple[str, str]] = set()  # (form, caller header) said missing once per environment
 
-    def _key(self, request: Request, event: Any) -> tuple[str | None, str | None]:
-        return request_key(self.keys, self, request, event)
-
-    def _say_missing_callers(self, request: Request, key: str) -> None:
-        """Once per environment and source format, each caller header a request came without: its callers share
-        one scope per key, which is right for anonymous callers and wrong if that header never reaches the function
-        in this format (a name the gateway renames or drops)."""
-        for name in self.caller_headers:
-            if name not in request.headers and (request.form, name) not in self._said_missing:
-                self._said_missing.add((request.form, name))
-                logger.warning("IDEMPOTENCY_CALLER_HEADERS names %r, which a request came without (%s): requests "
-                               "without it share one scope per key (said once per environment and format); if "
-                               "your callers always send it, it does not reach the function in this format",
-                               name, _FORMS[request.form], extra=fields(key))
-
-    def run(self, request: Request, event: Any, context: Any) -> Any:
-        """The response to `request`: the handler's, a replay of it marked, or a problem response."""
-        tally = self.cycle.tally
-        if tally is not None:
-            tally.kind = "http"
-        try:
-            key, fingerprint = self._key(request, event)
-        except (HeaderError, errors.IdempotencyKeyError) as error:
-            return problem(request, 400, str(error))
-        if key is None:
-            if self.require_key:
-                return problem(
-                    request, 400, f"the request has no {self.key_header} header and IDEMPOTENCY_REQUIRE_KEY is true"
-                )
-            logger.warning("an HTTP request without the %s header%s; running it without idempotency", self.key_header,
-                           f" and nothing selected by IDEMPOTENCY_KEY_JMESPATH={self.key_jmespath!r}"
-                           if self.key_jmespath else "", extra=fields(None, "passed_through"))
-            self.cycle.count("PassThroughs")
-            return self.handler(event, context)
-        if self.caller_headers:
-            self._say_missing_callers(request, key)
-        if self._results is None:
-            self._results = value_results()
-        # A payload 2.0 value without a statusCode is stored in the explicit form API Gateway made of it: its body
-        # is the text the runtime sent the first time, whatever a later runtime's marshaller would write.
-        results = self._results.shaped(lambda value, text: explicit(request, value, lambda _: text))
-        try:
-            outcome = self.cycle.run(key, partial(self.handler, event, context), self.remaining_ms(context),
-                                     fingerprint, results=results,
-                                     keep=lambda response: status_of(request, response) < 500)
-        except errors.IdempotencyPayloadMismatchError as error:
-            logger.info("%s; answered 422", error, extra=fields(key, "mismatch"))
-            if not self.payload_jmespath:  # the default fingerprint: say what it covers
-                return problem(request, 422, f"key {key!r} was used before with another request (its method, "
-                               "path, query or body differ); the request did not run")
-            return problem(request, 422, str(error))
-        except errors.IdempotencyAlreadyInProgressError as error:
-            logger.info("%s; answered 409", error, extra=fields(key, "in_progress"))
-            return problem(request, 409, str(error), retry_after=1)
-        except errors.IdempotencyResultTooLargeError as error:
-            logger.warning("%s; answered 500", error, extra=fields(key, "replay"))
-            return problem(request, 500, str(error))
-        except errors.IdempotencyKeyError as error:
-            logger.warning("%s; answered 400", error, extra=fields(key))
-            return problem(request, 400, str(error))
-        except (errors.IdempotencyPersistenceLayerError, errors.IdempotencyClaimConflictError) as error:
-            logger.error("%s", error, extra=fields(key, "store_error"))
-            return problem(request, 503, "the idempotency store is unavailable; the request did not run",
-                           retry_after=1)
-        if not outcome.replayed:
-            return outcome.value
-        return mark_replayed(request, outcome.value, self._results.text)  # text: for an earlier version's record
+def answer(request: Request, error: errors.IdempotencyError, key: str, payload_jmespath: str | None) -> Any:
+    """The problem response for the layer's `error` about `key` (the handler did not run), said in the log; an
+    error with no HTTP answer is raised again."""
+    if isinstance(error, errors.IdempotencyPayloadMismatchError):
+        logger.info("%s; answered 422", error, extra=fields(key, "mismatch"))
+        if not payload_jmespath:  # the default fingerprint: say what it covers
+            return problem(request, 422, f"key {key!r} was used before with another request (its method, "
+                           "path, query or body differ); the request did not run")
+        return problem(request, 422, str(error))
+    if isinstance(error, errors.IdempotencyAlreadyInProgressError):
+        logger.info("%s; answered 409", error, extra=fields(key, "in_progress"))
+        return problem(request, 409, str(error), retry_after=1)
+    if isinstance(error, errors.IdempotencyResultTooLargeError):
+        logger.warning("%s; answered 500", error, extra=fields(key, "replay"))
+        return problem(request, 500, str(error))
+    if isinstance(error, errors.IdempotencyKeyError):
+        logger.warning("%s; answered 400", error, extra=fields(key))
+        return problem(request, 400, str(error))
+    if isinstance(error, (errors.IdempotencyPersistenceLayerError, errors.IdempotencyClaimConflictError)):
+        logger.error("%s", error, extra=fields(key, "store_error"))
+        return problem(request, 503, "the idempotency store is unavailable; the request did not run", retry_after=1)
+    raise error

@@ -4,13 +4,13 @@ Lambda sends a `records` object mapping "<topic>-<partition>" to that partition'
 record's delivery identity is its cluster, topic, partition and offset: a retried batch brings the same offsets
 back. Kafka orders records within a partition only, so each partition is an ordering group of its own: a record
 that cannot run stops its partition, and Lambda resumes each reported partition from the offset the response
-names (see `batch.Runner`).
+names (see `sources.batch`).
 """
 
 from __future__ import annotations
 
 from ..errors import IdempotencyKeyError
-from .batch import Batch, Source
+from .batches import Batch, Source
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:

@@ -3,13 +3,13 @@ mapping "<queue>::<vhost>" to messages).
 
 Amazon MQ event source mappings have no partial batch response: when a message cannot run, the invocation fails
 (after every message that could run ran and completed) and the broker redelivers the whole batch, whose done
-messages are then dropped as done (see `batch.Runner`). Messages have no order the layer keeps.
+messages are then dropped as done (see `executor`). Messages have no order the layer keeps.
 """
 
 from __future__ import annotations
 
 from ..errors import IdempotencyKeyError
-from .batch import Batch, Source
+from .batches import Batch, Source
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
@@ -96,4 +96,4 @@ def identity(batch: Batch, index: int) -> Any:
 
 
 # Its default key is `identity` above: the messageId, else the content.
-RABBITMQ = Source("RabbitMQ", (), identity, False, False, "none", "rmqMessagesByQueue")
+RABBITMQ = Source("RabbitMQ", (), identity, False, False, "none", "rmqMessagesByQueue", content_keys=True)

@@ -15,15 +15,21 @@ from collections.abc import Callable
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, NamedTuple
 
 __all__ = ["LAST_CHANCE_S", "Deadline", "within"]
 
 LAST_CHANCE_S = 0.1
 
 
-class Deadline(namedtuple("Deadline", ("at",))):
-    # at: float  # time.monotonic()
+if TYPE_CHECKING:
+    class _DeadlineFields(NamedTuple):
+        at: float  # time.monotonic()
+else:
+    _DeadlineFields = namedtuple("Deadline", ("at",))
+
+
+class Deadline(_DeadlineFields):
     __slots__ = ()
 
     @classmethod

@@ -1,0 +1,112 @@
+"""The layer's shape, checked on its source (issue 30): every module has a row, and every import, at the top of a
+module or inside a function (a lazy import counts), goes to a module of a lower row: no circle, nothing upward.
+docs/design.md draws the same rows."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "layer" / "idempotency_layer"
+
+# Each module's row, higher imports lower; modules of one row never import each other.
+ROWS = {
+    "__main__": 100,
+    "cli": 90,
+    "cli.doctor": 80, "cli.derive": 80, "cli.records": 80,
+    "cli.settings": 75, "cli.output": 75,
+    "interceptor": 70,
+    "metrics": 65,
+    "executor": 60,
+    "sources": 55,
+    "sources.http": 50, "sources.batch": 50,
+    "sources.kafka": 45, "sources.mq": 45,
+    "sources.batches": 42, "sources.redelivery": 42, "sources.durable": 42,
+    "cycle": 40,
+    "invocation": 35,
+    "store": 30,
+    "dynamodb": 26,
+    "dynamodb.client": 25, "dynamodb.boto3_client": 25,
+    "dynamodb.connection": 24,
+    "dynamodb.environment": 23, "dynamodb.botocore_source": 23, "dynamodb.wire": 23, "dynamodb.sigv4": 23,
+    "dynamodb.retry": 23,
+    "dynamodb.errors": 22, "dynamodb.target": 22, "dynamodb.trust": 22,
+    "results": 20, "keys": 20,
+    "config": 15, "codec": 15,
+    "errors": 10, "deadline": 10, "log": 10, "plan": 10,
+    "__init__": 0,
+}
+
+
+def _name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _resolve(module: str, path: Path, level: int, name: str) -> str:
+    """The module an import names, relative to the package (`from ..x import y` in sources.batch: x)."""
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    base = package[: len(package) - (level - 1)] if level else []
+    return ".".join([*base, *([name] if name else [])]).removeprefix("idempotency_layer.")
+
+
+def imports(module: str, path: Path) -> list[str]:
+    """Every module of the package `module` imports, wherever in it (a function's body, a TYPE_CHECKING block)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level == 0 and not (node.module or "").startswith("idempotency_layer"):
+                continue
+            target = _resolve(module, path, node.level, node.module or "")
+            names = [f"{target}.{a.name}" if target else a.name for a in node.names]
+            known = [n for n in names if n in ROWS]  # `from . import codec`: the module itself
+            found.extend(known or [target])
+        elif isinstance(node, ast.Import):
+            found += [a.name.removeprefix("idempotency_layer.") for a in node.names
+                      if a.name.startswith("idempotency_layer")]
+    return [name for name in found if name != module]
+
+
+def test_every_module_has_a_row():
+    assert set(_modules()) == set(ROWS)
+
+
+@pytest.mark.parametrize("module", sorted(ROWS))
+def test_a_module_imports_only_from_rows_below_its_own(module):
+    path = _modules()[module]
+    for target in imports(module, path):
+        assert target in ROWS, f"{module} imports {target}, which has no row"
+        assert ROWS[target] < ROWS[module], f"{module} (row {ROWS[module]}) imports {target} (row {ROWS[target]})"
+
+
+def test_the_check_finds_an_upward_import_in_a_function(tmp_path):
+    # It cannot pass vacuously: a lazy upward import, as results once reached up to the cycle, is found.
+    path = tmp_path / "results.py"
+    path.write_text("def encode():\n    from .cycle import Undeliverable\n")
+    assert imports("results", path) == ["cycle"]
+    assert ROWS["cycle"] > ROWS["results"]
+    path.write_text("from ..keys import KeyDeriver\nfrom . import kafka\n")
+    (tmp_path / "sources").mkdir()
+    moved = tmp_path / "sources" / "batch.py"
+    moved.write_text(path.read_text())
+    assert imports("sources.batch", moved) == ["keys", "sources.kafka"]
+
+
+def test_design_md_draws_these_rows():
+    text = (PACKAGE.parents[1] / "docs" / "design.md").read_text()
+    block = text.split("```text\nrows  ", 1)[1].split("```", 1)[0]
+    drawn = [line.split() for line in block.splitlines() if line.strip()]
+    rows: dict[int, list[str]] = {}
+    for module, row in ROWS.items():
+        if module != "__init__":
+            rows.setdefault(row, []).append(module)
+    expected = [sorted(rows[row]) for row in sorted(rows, reverse=True)]
+    assert [sorted(line) for line in drawn] == expected
