@@ -1,99 +1,188 @@
-"""The record protocol, checked exhaustively: every interleaving of a few invocations of one key.
+"""The layer, checked exhaustively: every interleaving of a few invocations, on the real executor, cycle and store.
 
-- `MemoryDynamoDB` gives DynamoDB's semantics for the four item operations the layer sends (PutItem,
-  UpdateItem, DeleteItem, GetItem): condition and update expressions evaluated per item, atomically,
-  `ReturnValuesOnConditionCheckFailure=ALL_OLD`, and DynamoDB's refusal of unused expression names and values.
-  It sits under the layer's real `DynamoDBStore`, so the store's own conditions are what gets checked.
-- `explore` runs 2 or 3 invocations of one key through the real `Cycle`, each in a thread that may only move
-  when the scheduler lets it. Every request, handler run, crash and clock advance is a step; a stateless
+- The table is `tests.support.memory_dynamodb.MemoryDynamoDB` (DynamoDB's semantics for the layer's requests;
+  tests/store/test_protocol_model_on_dynamodb.py checks its answers against DynamoDB Local). Each environment is
+  the layer as the interceptor assembles it: `sources.plan` for each event, an `executor.Executor` over a `Cycle`
+  over a `DynamoDBStore`, with its local cache and its lasting state; a dead environment is replaced by a fresh one.
+- Every invocation runs in a thread of its own, and a batch's concurrent claims, completions and releases in
+  threads the executor's pool starts; each thread (an actor) moves only when the scheduler lets it. Every request,
+  every side effect of the handler (one per record of a batch) and every backoff sleep is a step; a stateless
   depth-first search replays the run from scratch for each sequence of choices until every one was taken.
-- At every step a request may: succeed; be refused without landing (a throttle); land with its reply lost
-  (the caller sees a failure); land with its reply lost and be retried later by the SDK; or its environment
-  may die before or after it lands. A handler run may die before or after its side effect. The clock may jump
-  to the next moment something changes: an invocation's deadline (Lambda stops it), or some environment seeing
-  a claim expire. Environments may have skewed clocks.
+- Time is virtual: `time.monotonic` (deadlines, waits, backoffs) and each environment's clock (skewed by a fixed
+  offset) read the world's clock, which moves only when the search jumps it to the next moment something changes:
+  an invocation's deadline (Lambda stops it there), a claim or a record expiring by some environment's clock, a
+  sleep ending.
+- At each request: it succeeds; is refused without landing (a throttle); lands with its reply lost (the caller
+  sees a failure that leaves open whether it landed); is left in flight, its caller told it ran out of time, and
+  lands at any later step, after its caller gave up or died included; or its environment dies before or after it
+  lands. A handler's side effect may fail (the handler raises, or reports its record failed) or its environment die
+  before or after it, or take long: end shortly before its deadline (`Bounds.slow_s`), so completions, their
+  retries and backoffs run with that little time left. An operator may purge a record at any step (the CLI's
+  purge: a live claim is refused).
 
 Invariants, checked on every history:
-- the handler runs at most once, unless every earlier run's invocation died without completing;
-- every replay equals the result its record was completed with, and a run's own answer is its handler's;
-- every write after a claim is conditioned on the writer's own owner token, and at most one completion lands;
-- no history ends with a live claim past the deadline of the invocation that made it (no stuck key).
+- a handler runs again for a key only when every earlier run of it was released (its handler failed, or reported
+  it), or died or ended without its completion landing, or its completed record was purged since or expired (by
+  the re-running environment's clock); never while another run of the key is still going;
+- every replay is the result a completion of that key stored, not purged before the replaying invocation last read
+  the table, nor expired before it began; a run's own answer is its handler's;
+- every write after a claim is conditioned on the writer's own owner token, a completion carries a claim that
+  landed, no key its handler raised for or reported failed is completed, and no completed record is overwritten
+  while it lives or deleted but by a purge;
+- a batch answer keeps (names, or under a stream's checkpoint follows) every record its handler reported failed,
+  and drops a record it did not run only when that record's key ran in it or was completed; a FIFO group's
+  records after one that comes back come back too;
+- an invocation that ends alive leaves no claim behind (unless a write of its own failed or it ended within the
+  claim margin of its deadline), and no claim outlives its invocation's deadline (or the in-progress floor) by more
+  than the claim margin.
 
-`python -m tools.model` runs a deeper search than the suite's.
+Where the search is too wide to take whole (batches of two records, two invocations, faults and crashes), `walk`
+takes seeded random walks through it instead. `python -m tools.model --ci` runs the suite's slice, `--deep` the
+deeper searches docs/reliability.md reports; `--help` lists the bounds one search can take.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import contextlib
+import json
 import logging
+import random as _random
 import threading
-import time
+import time as _real_time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from idempotency_layer import cycle as _cycle_module
+from idempotency_layer import deadline as _deadline_module
 from idempotency_layer import errors
-from idempotency_layer.config import Attributes
-from idempotency_layer.cycle import CLAIM_MARGIN_MS, Cycle
-from idempotency_layer.dynamodb import Deadline, DynamoDBError
+from idempotency_layer import invocation as _invocation_module
+from idempotency_layer.config import load
+from idempotency_layer.cycle import CLAIM_DEADLINE_MARGIN_MS, CLAIM_MARGIN_MS, Cycle
+from idempotency_layer.dynamodb import DynamoDBError
+from idempotency_layer.executor import Executor, Pool
 from idempotency_layer.invocation import Invocation as Served
+from idempotency_layer.keys import KeyDeriver
+from idempotency_layer.results import ValueResults
+from idempotency_layer.sources import plan as plan_of
 from idempotency_layer.store import DynamoDBStore
 from tests.support.memory_dynamodb import CHECK_FAILED, MemoryDynamoDB
 from tests.support.memory_dynamodb import copy as _copy
 
-KEY = "order-1"
+KEY = "order-1"  # the whole event's order id: its record's key is "fn#" and the digest of it
 T0 = 1_800_000_000.0  # virtual epoch seconds at the start of every history
 TIMEOUT_MS = 10_000  # each invocation's time budget
-TTL_SECONDS = 3600
 EPSILON = 0.001
+TABLE = "idempotency"
+QUEUE = "arn:aws:sqs:us-east-1:123456789012:orders"
+STREAM = "arn:aws:kinesis:us-east-1:123456789012:stream/orders"
+CLUSTER = "arn:aws:kafka:us-east-1:123456789012:cluster/orders/1"
 
 
-# --- the scheduler ---------------------------------------------------------------------------------------
+# --- the events ------------------------------------------------------------------------------------------------
 
-class _EnvironmentTransport:
-    """An environment's transport: every request is a step the scheduler decides, on behalf of the invocation
-    the environment is running."""
+def _body(n: int, order: str | None = None) -> str:
+    return json.dumps({"n": n, "orderId": order or f"o-{n}"})
 
-    def __init__(self, world: World) -> None:
-        self.world = world
-        self.current: Invocation | None = None
 
-    def call(self, operation: str, params: dict, deadline: Deadline | None = None) -> dict:
-        # The model's requests take no time, so a deadline never cuts one short (tests/store covers that).
-        return self.world.request(self.current, operation, params)
+def events_for(kind: str, records: int, delivery: int) -> Any:
+    """The event one invocation gets: the same operation every time, a batch's records redelivered with a higher
+    receive count (SQS's sign of redelivery) from the second delivery on."""
+    if kind == "whole":
+        return {"orderId": KEY, "delivery": delivery}
+    if kind in ("sqs", "fifo", "dup"):
+        arn = QUEUE + (".fifo" if kind == "fifo" else "")
+        return {"Records": [{
+            "messageId": f"m-{n}", "receiptHandle": f"r-{delivery}-{n}",
+            "body": _body(n, "o-dup" if kind == "dup" else None),
+            "attributes": {"ApproximateReceiveCount": str(delivery), "MessageGroupId": "g"},
+            "eventSource": "aws:sqs", "eventSourceARN": arn, "awsRegion": "us-east-1"} for n in range(records)]}
+    if kind == "kinesis":
+        return {"Records": [{
+            "kinesis": {"partitionKey": "p", "sequenceNumber": f"{100 + n}", "data": base64.b64encode(
+                _body(n).encode()).decode()},
+            "eventSource": "aws:kinesis", "eventID": f"shardId-000000000001:{100 + n}", "eventSourceARN": STREAM,
+            "awsRegion": "us-east-1"} for n in range(records)]}
+    if kind == "kafka":
+        lists: dict[str, list[Any]] = {}
+        for n in range(records):
+            partition = n % 2
+            lists.setdefault(f"orders-{partition}", []).append({
+                "topic": "orders", "partition": partition, "offset": 10 + n, "timestamp": 0,
+                "timestampType": "CREATE_TIME", "value": base64.b64encode(_body(n).encode()).decode(), "headers": []})
+        return {"eventSource": "aws:kafka", "eventSourceArn": CLUSTER, "records": lists}
+    raise ValueError(f"unknown kind {kind!r}")
 
+
+def _record_ids(event: Any) -> list[str]:
+    if isinstance(event.get("Records"), list):
+        return [r.get("messageId") or r["kinesis"]["sequenceNumber"] for r in event["Records"]]
+    if isinstance(event.get("records"), dict):
+        return [f"{r['partition']}@{r['offset']}" for rs in event["records"].values() for r in rs]
+    return []
+
+
+# --- the world's pieces ----------------------------------------------------------------------------------------
 
 class _Died(BaseException):
-    """The environment is gone: raised in its thread so the layer's code stops touching the world."""
+    """The environment is gone: raised in its threads so the layer's code stops touching the world."""
 
 
 class HandlerFailed(Exception):
     """The handler raised before its side effect."""
 
 
+class Violation(AssertionError):
+    pass
+
+
 @dataclass(frozen=True)
 class Bounds:
     invocations: int = 2
-    faults: int = 1  # requests refused, or landed with their reply lost
+    faults: int = 1  # requests refused or landed with their reply lost; handlers that raise or report a record
     crashes: int = 1
     advances: int = 2  # clock jumps
     skew_s: tuple[float, ...] = (0.0,)  # each environment's clock offset, cycled over the environments
     environments: int = 0  # invocation i runs in environment i % environments, one at a time; 0: one each
     cache: bool = False  # the environments' local cache of completed records (IDEMPOTENCY_LOCAL_CACHE_SIZE)
+    kind: str = "whole"  # whole, sqs, fifo, dup (an SQS batch of one key twice), kinesis, kafka
+    records: int = 2  # a batch's records
+    wait_s: float = 0.0  # IDEMPOTENCY_WAIT_SECONDS
+    floor_s: int = 0  # IDEMPOTENCY_IN_PROGRESS_SECONDS
+    ttl_s: int = 3600  # IDEMPOTENCY_TTL_SECONDS
+    purges: int = 0  # an operator's purges
+    late: int = 0  # requests left in flight, landing later
+    precheck: str = "auto"  # IDEMPOTENCY_BATCH_PRECHECK
+    checkpoint: bool = True  # IDEMPOTENCY_STREAM_FAILURES=checkpoint (False: records)
+    # A handler may take long (once a history): its side effect happens this many seconds before its invocation's
+    # deadline, so what follows (completions, their retries and backoffs) runs with that little time left.
+    slow_s: tuple[float, ...] = ()
 
 
 @dataclass
 class Pending:
-    kind: str  # start, request, retry, effect
-    operation: str = ""
+    kind: str  # start, request, effect, sleep
+    what: str = ""  # the operation, or the record
     params: dict | None = None
+    wake: float = 0.0  # a sleep's end
     action: str | None = None
+
+
+@dataclass
+class Actor:
+    name: str  # deterministic: the invocation's index, then each child's place
+    invocation: Invocation
+    thread: threading.Thread | None = None
+    pending: Pending | None = None
+    go: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
 class Environment:
     skew: float
-    cycle: Cycle | None = None  # None until its first invocation starts, and again after it died
+    executor: Executor | None = None  # None until its first invocation starts, and again after it died
     busy: bool = False
 
 
@@ -101,28 +190,42 @@ class Environment:
 class Invocation:
     index: int
     environment: Environment
-    thread: threading.Thread | None = None
-    go: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
-    pending: Pending | None = None
+    event: Any
     started_at: float | None = None
+    last_landed: int = 0  # the step at which its last request landed while it ran
     deadline: float | None = None  # true time after which Lambda stops it
+    remaining_ms: int = 0
     dead: bool = False
     finished: bool = False
-    owners: set[str] = field(default_factory=set)  # tokens whose claim landed
-    tokens: set[str] = field(default_factory=set)  # tokens it sent a claim with, landed or not
-    claimed_at: dict[str, float] = field(default_factory=dict)  # owner token -> when that claim landed
+    faulted: bool = False  # a completion or release of its own failed, or a request of its own was left in flight
+    late: bool = False  # it ended with less than the claim margin left by its own clock: no time to withdraw
     outcome: tuple = ()
-    ran: str | None = None  # the value its handler returned
+    values: dict[str, str] = field(default_factory=dict)  # key -> what its handler returned for it
+    owners: dict[str, str] = field(default_factory=dict)  # owner token -> key, for claims that landed
+    tokens: dict[str, str] = field(default_factory=dict)  # owner token -> key, for claims it sent
+    claimed_at: dict[str, float] = field(default_factory=dict)  # owner token -> when that claim landed
+    decided: dict[str, str] = field(default_factory=dict)  # key -> "complete" or "release", once a write was sent
+    ran: list[tuple[str | None, int]] = field(default_factory=list)  # (key, record index) of each side effect
+    failed: set[int] = field(default_factory=set)  # record indexes its handler reported failed
+    unfinished: set[str] = field(default_factory=set)  # keys its handler raised for or reported failed
 
 
 @dataclass
 class Effect:
     invocation: int
+    key: str | None
     at: float
 
 
-class Violation(AssertionError):
-    pass
+@dataclass
+class Completion:
+    invocation: int
+    key: str
+    owner: str
+    value: str | None
+    at: float
+    step: int  # the search's step at which it landed: orders it against purges at the same virtual time
+    expires_at: int
 
 
 @dataclass
@@ -132,285 +235,601 @@ class History:
     replies: list[Any]  # what each landed request answered (the response, or the ALL_OLD item), same order
 
 
+class _Time:
+    """The time module as the layer's deadline, cycle and invocation modules see it: monotonic time is the world's."""
+
+    def __init__(self, world: World) -> None:
+        self._world = world
+
+    def monotonic(self) -> float:
+        return self._world.now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_real_time, name)
+
+
+class _Threads:
+    """The executor's pool's threads: each call an actor of the invocation that maps, moving when the scheduler
+    says, and the mapping thread waiting for them all (it does not run meanwhile)."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+
+    def map(self, call: Callable[[Any], Any], items: list[Any]) -> Iterator[Any]:
+        world = self.world
+        parent = world.actor()
+        results: list[Any] = [None] * len(items)
+        done = threading.Event()
+        left = [len(items)]
+
+        def child(k: int, item: Any) -> None:
+            try:
+                results[k] = ("ok", call(item))
+            except BaseException as error:  # a death, raised again in the mapping thread
+                results[k] = ("raised", error)
+            finally:
+                with world.cond:
+                    world.running -= 1
+                    left[0] -= 1
+                    if left[0] == 0:
+                        world.running += 1  # the mapping thread goes on
+                        done.set()
+                    world.cond.notify_all()
+
+        actors = [Actor(f"{parent.name}.{k}", parent.invocation) for k in range(len(items))]
+        with world.cond:
+            world.running += len(items) - 1  # the children run; the mapping thread waits
+            for k, (actor, item) in enumerate(zip(actors, items, strict=True)):
+                actor.thread = threading.Thread(target=world.acting, args=(actor, child, k, item), daemon=True)
+                world.actors.append(actor)
+            world.cond.notify_all()
+        for actor in actors:
+            assert actor.thread is not None
+            actor.thread.start()
+        done.wait()
+        for kind, value in results:
+            if kind == "raised":
+                raise value
+        return iter(value for _, value in results)
+
+
+class _Transport:
+    """An environment's transport: every request is a step the scheduler decides."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+
+    def call(self, operation: str, params: dict, deadline: Any = None) -> dict:
+        if deadline is not None and deadline.attempt_time() is None:  # as the client: no attempt may start
+            from idempotency_layer.dynamodb.errors import out_of_time
+
+            raise out_of_time(operation)
+        return self.world.request(operation, params)
+
+
+# --- the world ---------------------------------------------------------------------------------------------------
+
 class World:
     def __init__(self, bounds: Bounds, choose: Callable[[int], int]) -> None:
         self.bounds = bounds
         self.choose = choose
         self.now = T0
         self.db = MemoryDynamoDB()
-        self.faults = self.crashes = self.advances = 0
+        self.faults = self.crashes = self.advances = self.purged = self.lates = self.slowed = 0
         self.effects: list[Effect] = []
-        self.completions: list[tuple[int, str]] = []  # (invocation, owner) of every completion that landed
-        self.back = threading.Semaphore(0)
+        self.completions: list[Completion] = []
+        self.purges: list[tuple[str, int]] = []  # (key, step) of each record an operator deleted
+        self.inflight: list[tuple[Invocation, str, dict]] = []
+        self.cond = threading.Condition()
+        self.running = 0
+        self.actors: list[Actor] = []
         self.choices: list[str] = []
         self.requests: list[tuple[str, dict, str]] = []
         self.replies: list[Any] = []
+        self.violation: str | None = None
+        self.history: History | None = None
+        self.config = load({"IDEMPOTENCY_TABLE": TABLE, "IDEMPOTENCY_ORIGINAL_HANDLER": "app.handler",
+                            "AWS_LAMBDA_FUNCTION_NAME": "fn", "AWS_REGION": "us-east-1",
+                            "IDEMPOTENCY_KEY_JMESPATH": "orderId" if bounds.kind == "whole" else
+                            ("json_parse(body).orderId" if bounds.kind == "dup" else ""),
+                            "IDEMPOTENCY_TTL_SECONDS": str(bounds.ttl_s),
+                            "IDEMPOTENCY_IN_PROGRESS_SECONDS": str(bounds.floor_s),
+                            "IDEMPOTENCY_WAIT_SECONDS": str(bounds.wait_s),
+                            "IDEMPOTENCY_BATCH_PRECHECK": bounds.precheck,
+                            "IDEMPOTENCY_STREAM_FAILURES": "checkpoint" if bounds.checkpoint else "records"})
+        self.keys = KeyDeriver(self.config.key_prefix, self.config.key_jmespath, self.config.payload_jmespath)
         count = bounds.environments or bounds.invocations
         self.environments = [Environment(bounds.skew_s[e % len(bounds.skew_s)]) for e in range(count)]
-        self.invocations = [Invocation(i, self.environments[i % count]) for i in range(bounds.invocations)]
-        self.violation: str | None = None
+        self.invocations = [Invocation(i, self.environments[i % count], events_for(bounds.kind, bounds.records, i + 1))
+                            for i in range(bounds.invocations)]
+        self.max_skew = max(bounds.skew_s)
 
-    # -- what runs in the invocations' threads ------------------------------------------------------------
+    # -- the actors' side ------------------------------------------------------------------------------------
 
-    def fail(self, invocation: Invocation, problem: str) -> None:
-        """Record a broken invariant and stop the invocation (as a death, which no layer code can catch and
-        go on from); the history reports it when it ends."""
+    def actor(self) -> Actor:
+        current = threading.current_thread()
+        return next(a for a in self.actors if a.thread is current)
+
+    def acting(self, actor: Actor, body: Callable[..., Any], *args: Any) -> None:
+        body(*args)
+
+    def fail(self, problem: str) -> None:
+        """Record a broken invariant and stop this invocation, as a death no layer code can catch and go on from."""
+        invocation = self.actor().invocation
         if self.violation is None:
             self.violation = f"invocation {invocation.index}: {problem}"
         invocation.dead = True
         raise _Died
 
-    def gate(self, invocation: Invocation, pending: Pending) -> Pending:
-        if invocation.dead:
+    def gate(self, pending: Pending) -> Pending:
+        actor = self.actor()
+        if actor.invocation.dead:
             raise _Died
-        invocation.pending = pending
-        self.back.release()  # tell the scheduler we are waiting
-        invocation.go.acquire()
-        invocation.pending = None
+        with self.cond:
+            actor.pending = pending
+            self.running -= 1
+            self.cond.notify_all()
+        actor.go.wait()
+        actor.go.clear()
+        actor.pending = None
         if pending.action in ("die", "die-after"):
-            invocation.dead = True
+            actor.invocation.dead = True
             if pending.action == "die":
                 raise _Died
+        if actor.invocation.dead:
+            raise _Died
         return pending
 
-    def request(self, invocation: Invocation, operation: str, params: dict) -> dict:
-        if operation == "PutItem":
-            invocation.tokens.add(params["Item"]["owner"]["S"])
+    def sleep(self, seconds: float) -> None:
+        self.gate(Pending("sleep", wake=self.now + max(0.0, seconds)))
+
+    def request(self, operation: str, params: dict) -> dict:
+        invocation = self.actor().invocation
         self._check_fenced(invocation, operation, params)
-        pending = self.gate(invocation, Pending("request", operation, params))
+        pending = self.gate(Pending("request", operation, params))
         action = pending.action
         if action == "throttle":
             raise DynamoDBError(operation, "ThrottlingException", "Rate of requests exceeds the allowed throughput",
                                 status=400)
+        if action == "late":  # still in flight: the caller gives up; it lands at a later step
+            self.inflight.append((invocation, operation, _copy(params)))
+            raise DynamoDBError(operation, "InvocationDeadline", "no answer in the time the call had", uncertain=True)
         reply = self._land(invocation, operation, params)
         if action == "die-after":
             raise _Died
         if action == "lost":
-            # Uncertain, as the transports mark an attempt that got no answer.
             raise DynamoDBError(operation, "ReadTimeoutError", "Read timeout on endpoint URL", uncertain=True)
-        if action == "lost-retry":  # the SDK sends the same request again, later
-            self.gate(invocation, Pending("retry", operation, params))
-            reply = self._land(invocation, operation, params)
         if isinstance(reply, DynamoDBError):
             raise reply
         return reply
 
+    def _check_fenced(self, invocation: Invocation, operation: str, params: dict) -> None:
+        if operation == "PutItem":
+            if "ConditionExpression" not in params:
+                self.fail("an unconditional PutItem")
+            owner = params["Item"]["owner"]["S"]
+            invocation.tokens[owner] = params["Item"]["id"]["S"]
+        if operation in ("UpdateItem", "DeleteItem"):
+            me = params.get("ExpressionAttributeValues", {}).get(":me", {}).get("S")
+            if params.get("ConditionExpression") != "#o = :me" or params["ExpressionAttributeNames"]["#o"] != "owner":
+                self.fail(f"{operation} not conditioned on the owner")
+            # A completion must carry a claim that landed; a release may withdraw a claim whose outcome it never
+            # heard (its own token, so it deletes nothing of anyone else's).
+            known = invocation.owners if operation == "UpdateItem" else invocation.tokens
+            if me not in known:
+                self.fail(f"{operation} fenced with a token it never claimed")
+            key = known[me]
+            invocation.decided.setdefault(key, "complete" if operation == "UpdateItem" else "release")
+
     def _land(self, invocation: Invocation, operation: str, params: dict) -> Any:
+        key = (params.get("Item") or params.get("Key") or {}).get("id", {}).get("S")
+        old = self.db.item(key) if key is not None else None
         try:
             reply = self.db.apply(operation, params)
             outcome = "ok"
         except DynamoDBError as error:
             if error.code != CHECK_FAILED:
-                self.fail(invocation, f"{operation} refused by DynamoDB's rules: {error.message}")
+                self._violation(invocation, f"{operation} refused by DynamoDB's rules: {error.message}")
+                return error
             reply, outcome = error, CHECK_FAILED
         self.requests.append((operation, _copy(params), outcome))
+        if not invocation.finished:
+            invocation.last_landed = len(self.choices)
         self.replies.append(reply.item if isinstance(reply, DynamoDBError) else reply)
-        if operation == "PutItem" and outcome == "ok":
-            invocation.owners.add(params["Item"]["owner"]["S"])
-            invocation.claimed_at[params["Item"]["owner"]["S"]] = self.now
-        if operation == "UpdateItem" and outcome == "ok":
-            self.completions.append((invocation.index, params["ExpressionAttributeValues"][":me"]["S"]))
+        if outcome != "ok":
+            return reply
+        if operation in ("PutItem", "DeleteItem") and old is not None and old["status"]["S"] == "COMPLETED":
+            if operation == "DeleteItem":
+                self._violation(invocation, "a completed record was deleted, not by a purge")
+            elif int(old["expires_at"]["N"]) > self.now + self.max_skew + EPSILON:
+                self._violation(invocation, "a live completed record was claimed over")
+        if operation == "PutItem":
+            owner = params["Item"]["owner"]["S"]
+            invocation.owners[owner] = key
+            invocation.claimed_at[owner] = self.now
+        if operation == "UpdateItem":
+            if key in invocation.unfinished:
+                self._violation(invocation, "completed a key whose handler raised or reported its record failed")
+            owner = params["ExpressionAttributeValues"][":me"]["S"]
+            result = params["ExpressionAttributeValues"].get(":result", {}).get("S")
+            value = json.loads(result) if result is not None and result.startswith('"') else result
+            self.completions.append(Completion(invocation.index, key, owner, value, self.now, len(self.choices),
+                                               int(params["ExpressionAttributeValues"][":exp"]["N"])))
         return reply
 
-    def _check_fenced(self, invocation: Invocation, operation: str, params: dict) -> None:
-        if operation == "PutItem" and "ConditionExpression" not in params:
-            self.fail(invocation, "an unconditional PutItem")
-        if operation in ("UpdateItem", "DeleteItem"):
-            me = params.get("ExpressionAttributeValues", {}).get(":me", {}).get("S")
-            if params.get("ConditionExpression") != "#o = :me" or params["ExpressionAttributeNames"]["#o"] != "owner":
-                self.fail(invocation, f"{operation} not conditioned on the owner")
-            # A completion must carry a claim that landed; a release may withdraw a claim whose outcome it never
-            # heard (its own token, so it deletes nothing of anyone else's).
-            if me not in (invocation.owners if operation == "UpdateItem" else invocation.tokens):
-                self.fail(invocation, f"{operation} fenced with a token it never claimed")
+    def _violation(self, invocation: Invocation, problem: str) -> None:
+        if self.violation is None:
+            self.violation = f"invocation {invocation.index}: {problem}"
 
-    def handler(self, invocation: Invocation) -> Callable[[], str]:
-        def invoke() -> str:
-            pending = self.gate(invocation, Pending("effect"))
-            if pending.action == "raise":
-                raise HandlerFailed
+    # -- the handler ---------------------------------------------------------------------------------------------
+
+    def handler(self, event: Any, context: Any) -> Any:
+        invocation = self.actor().invocation
+        ids = _record_ids(event) if isinstance(event, dict) and self.bounds.kind != "whole" else []
+        if not ids:
+            key = self.keys.key(event)
+            self._effect_gate(invocation, key, 0)
             value = f"result of invocation {invocation.index}"
-            self._effect(invocation)
-            if pending.action == "die-after":
-                raise _Died
-            invocation.ran = value
+            invocation.values[str(key)] = value
             return value
+        failures = []
+        batch = self.batch_of(invocation.event)
+        stopped = False  # a FIFO handler stops at its first failure and reports the rest, as Lambda asks
+        for index, identifier in enumerate(_record_ids(invocation.event)):
+            if identifier not in ids:
+                continue
+            key = batch.units[index].key
+            if stopped or self._effect_gate(invocation, key, index) == "fail":
+                stopped = self.bounds.kind == "fifo"
+                invocation.failed.add(index)
+                invocation.unfinished.add(str(key))
+                failures.append(self._failure(invocation.event, index, identifier))
+        return {"batchItemFailures": failures}
 
-        return invoke
+    def _failure(self, event: Any, index: int, identifier: str) -> dict:
+        if self.bounds.kind == "kafka":
+            partition, _, offset = identifier.partition("@")
+            return {"itemIdentifier": {"partition": f"orders-{partition}", "offset": int(offset)}}
+        return {"itemIdentifier": identifier}
 
-    def _effect(self, invocation: Invocation) -> None:
+    def _effect_gate(self, invocation: Invocation, key: str | None, index: int) -> str | None:
+        pending = self.gate(Pending("effect", str(index)))
+        if pending.action == "raise":
+            invocation.unfinished.update(k for k, _ in invocation.ran)  # a batch handler raised: none of it is done
+            invocation.unfinished.add(str(key))
+            raise HandlerFailed
+        self._effect(invocation, key, index)
+        if pending.action == "die-after":
+            raise _Died
+        return pending.action
+
+    def _effect(self, invocation: Invocation, key: str | None, index: int) -> None:
+        invocation.ran.append((key, index))
+        if key is None:
+            return
         for earlier in self.effects:
+            if earlier.key != key:
+                continue
             before = self.invocations[earlier.invocation]
-            completed = any(i == before.index for i, _ in self.completions)
             if before.index == invocation.index:
-                self.fail(invocation, "ran its handler twice")
-            if not before.dead or completed:
-                self.fail(invocation, f"the handler ran twice: at +{self.now - T0:.3f}s after invocation "
-                          f"{before.index} at +{earlier.at - T0:.3f}s, which "
-                          + ("completed" if completed else "was still alive"))
-        self.effects.append(Effect(invocation.index, self.now))
+                self.fail(f"ran its handler twice for key {key}")
+            if not self._excused(before, key):
+                self.fail(f"the handler ran again for key {key} at +{self.now - T0:.3f}s after invocation "
+                          f"{before.index} ran it at +{earlier.at - T0:.3f}s, which "
+                          + ("completed it" if self._completion(before, key) else "was still running it"))
+        self.effects.append(Effect(invocation.index, key, self.now))
+
+    def _completion(self, invocation: Invocation, key: str) -> Completion | None:
+        return next((c for c in self.completions if c.invocation == invocation.index and c.key == key), None)
+
+    def _excused(self, before: Invocation, key: str) -> bool:
+        """Whether a run of `key` by `before` may be followed by another: released by it; or it died or ended without
+        its completion landing; or its completed record purged since, or expired by some environment's clock."""
+        completion = self._completion(before, key)
+        if completion is None:
+            return before.dead or before.finished or before.decided.get(key) == "release"
+        purged = any(k == key and step > completion.step for k, step in self.purges)
+        return purged or self.now + self.max_skew + EPSILON >= completion.expires_at
+
+    # -- an environment ----------------------------------------------------------------------------------------
+
+    def executor_of(self, environment: Environment) -> Executor:
+        if environment.executor is None:  # a fresh environment: its init builds the store, cycle and executor
+            store = DynamoDBStore(_Transport(self), TABLE, self.config.attributes)
+            cycle = Cycle(store, self.config.ttl_seconds, 8 if self.bounds.cache else 0,
+                          clock=lambda: self.now + environment.skew, results=ValueResults(),
+                          min_claim_ms=self.config.in_progress_seconds * 1000,
+                          wait_seconds=self.config.wait_seconds, sleep=self.sleep, precheck=self.config.batch_precheck)
+            pool = Pool()
+            pool._threads = _Threads(self)  # the executor's own Pool.map, its threads the scheduler's actors
+            environment.executor = Executor(cycle, self.handler, self.config, pool=pool)
+        return environment.executor
+
+    def batch_of(self, event: Any) -> Any:
+        return plan_of(self.config, self.keys, event)
 
     def body(self, invocation: Invocation) -> None:
         environment = invocation.environment
         try:
-            self.gate(invocation, Pending("start"))
+            self.gate(Pending("start"))
             environment.busy = True
             invocation.started_at = self.now
+            invocation.last_landed = len(self.choices)
             invocation.deadline = self.now + TIMEOUT_MS / 1000
-            if environment.cycle is None:  # a fresh environment: its init builds the store and the cycle
-                gated = _EnvironmentTransport(self)
-                store = DynamoDBStore(gated, "idempotency", Attributes())
-                environment.cycle = Cycle(store, TTL_SECONDS, cache_size=8 if self.bounds.cache else 0,
-                                          clock=lambda: self.now + environment.skew, sleep=lambda _: None)
-            environment.cycle.store.transport.current = invocation
+            executor = self.executor_of(environment)
             # As the runtime computes it: Lambda's deadline minus this environment's clock.
-            remaining_ms = int((invocation.deadline - (self.now + environment.skew)) * 1000)
-            outcome = environment.cycle.run(Served(remaining_ms), KEY, self.handler(invocation))
+            invocation.remaining_ms = int((invocation.deadline - (self.now + environment.skew)) * 1000)
+            event = _copy(invocation.event)
+            value = executor.run(plan_of(self.config, self.keys, event), event, None, Served(invocation.remaining_ms))
             if invocation.dead:
-                # The layer caught the death (a BaseException) on its completion path and went on; a dead
-                # environment answers nothing and is replaced.
-                raise _Died
-            invocation.outcome = ("ok", outcome.value, outcome.replayed)
+                raise _Died  # the layer caught a death (a BaseException) on a write path and went on
+            invocation.outcome = ("ok", value)
         except _Died:
             invocation.outcome = ("died",)
-            environment.cycle = None  # Lambda replaces a dead environment
         except HandlerFailed:
             invocation.outcome = ("handler-failed",)
         except errors.IdempotencyAlreadyInProgressError:
             invocation.outcome = ("busy",)
-        except errors.IdempotencyPersistenceLayerError:
-            invocation.outcome = ("store-error",)
+        except (errors.IdempotencyPersistenceLayerError, errors.IdempotencyBatchIncompleteError,
+                errors.IdempotencyClaimConflictError) as error:
+            invocation.outcome = ("refused", type(error).__name__)
         except BaseException as error:  # any other escape is itself a finding
             invocation.outcome = ("raised", f"{type(error).__name__}: {error}")
         finally:
             if invocation.dead:  # whatever the layer made of its death: Lambda replaces the environment
                 invocation.outcome = ("died",)
-                environment.cycle = None
+                environment.executor = None
             invocation.finished = True
+            if invocation.started_at is not None:
+                left = invocation.started_at + invocation.remaining_ms / 1000 - self.now
+                invocation.late = left < CLAIM_DEADLINE_MARGIN_MS / 1000
             environment.busy = False
-            self.back.release()
+            with self.cond:
+                self.running -= 1
+                self.cond.notify_all()
 
-    # -- the scheduler ---------------------------------------------------------------------------------
+    # -- the scheduler -------------------------------------------------------------------------------------------
 
-    def _wait_all(self, moving: list[Invocation]) -> None:
-        for _ in moving:
-            self.back.acquire()
+    def _settle(self) -> None:
+        with self.cond:
+            while self.running > 0:
+                self.cond.wait()
 
-    def _release(self, invocation: Invocation, action: str) -> None:
-        invocation.pending.action = action
-        invocation.go.release()
-        self.back.acquire()  # until it waits again or finishes
+    def _release(self, actor: Actor, action: str) -> None:
+        assert actor.pending is not None
+        actor.pending.action = action
+        with self.cond:
+            self.running += 1
+        actor.go.set()
+        self._settle()
 
     def _kill_expired(self) -> None:
         for invocation in self.invocations:
-            if (invocation.pending is not None and invocation.deadline is not None
-                    and self.now > invocation.deadline and not invocation.dead):
-                # Lambda stops the invocation at its deadline, wherever it is.
-                self._release(invocation, "die")
+            if invocation.deadline is not None and self.now > invocation.deadline and not invocation.finished:
+                invocation.dead = True  # Lambda stops the invocation at its deadline, wherever it is
+                for actor in self.actors:
+                    if actor.invocation is invocation and actor.pending is not None:
+                        self._release(actor, "die")
 
-    def _next_moment(self) -> float | None:
-        """The next time at which something changes: a deadline passes, or some clock sees a claim expire."""
-        moments = [i.deadline + EPSILON for i in self.invocations
-                   if i.deadline is not None and not i.finished and i.deadline + EPSILON > self.now]
-        item = self.db.item(KEY)
-        if item is not None and item.get("status", {}).get("S") == "INPROGRESS":
-            until = int(item["in_progress_until"]["N"]) / 1000
+    def _moments(self) -> list[float]:
+        """The next times at which something changes: a deadline passes, a sleep ends, a claim or a record expires
+        by some environment's clock."""
+        moments = [i.deadline + EPSILON for i in self.invocations if i.deadline is not None and not i.finished]
+        moments += [a.pending.wake + EPSILON for a in self.actors
+                    if a.pending is not None and a.pending.kind == "sleep"]
+        for item in self.db.items.values():
             for environment in self.environments:
-                moment = until - environment.skew + EPSILON
-                if moment > self.now:
-                    moments.append(moment)
-        return min(moments) if moments else None
+                moments.append(int(item["expires_at"]["N"]) + 1 - environment.skew + EPSILON)
+                if item["status"]["S"] == "INPROGRESS":
+                    moments.append(int(item["in_progress_until"]["N"]) / 1000 - environment.skew + EPSILON)
+        return sorted(m for m in moments if m > self.now)
 
-    def actions(self) -> list[tuple[str, Invocation | None, str]]:
-        found: list[tuple[str, Invocation | None, str]] = []
-        for invocation in self.invocations:
-            pending = invocation.pending
-            if pending is None:
+    def actions(self) -> list[tuple[str, Any, str]]:
+        b = self.bounds
+        found: list[tuple[str, Any, str]] = []
+        for actor in sorted((a for a in self.actors if a.pending is not None), key=lambda a: a.name):
+            pending = actor.pending
+            assert pending is not None
+            if pending.kind == "start" and actor.invocation.environment.busy:
+                continue  # an environment runs one invocation at a time
+            if pending.kind == "sleep" and pending.wake > self.now:
                 continue
             kinds = ["ok"]
-            if pending.kind == "start" and invocation.environment.busy:
-                continue  # an environment runs one invocation at a time
             if pending.kind == "request":
-                if self.faults < self.bounds.faults:
-                    kinds += ["throttle", "lost", "lost-retry"]
-                if self.crashes < self.bounds.crashes:
+                if self.faults < b.faults:
+                    kinds += ["throttle", "lost"]
+                if self.lates < b.late:
+                    kinds.append("late")
+                if self.crashes < b.crashes:
                     kinds += ["die", "die-after"]
             elif pending.kind == "effect":
-                if self.faults < self.bounds.faults:
-                    kinds.append("raise")
-                if self.crashes < self.bounds.crashes:
+                if not self.slowed:
+                    kinds += [f"slow-{seconds}" for seconds in b.slow_s]
+                if self.faults < b.faults:
+                    kinds += ["raise"] + (["fail"] if b.kind != "whole" else [])
+                if self.crashes < b.crashes:
                     kinds += ["die", "die-after"]
-            elif pending.kind == "retry" and self.crashes < self.bounds.crashes:
-                kinds.append("die")
-            for kind in kinds:
-                what = f"{pending.kind}/{pending.operation}" if pending.operation else pending.kind
-                label = f"{invocation.index}:{what}:{kind}"
-                found.append((label, invocation, kind))
-        if self.advances < self.bounds.advances and found:
-            moment = self._next_moment()
-            if moment is not None:
-                found.append((f"clock+{moment - T0:.3f}s", None, "advance"))
+            what = f"{pending.kind}/{pending.what}" if pending.what else pending.kind
+            found += [(f"{actor.name}:{what}:{kind}", actor, kind) for kind in kinds]
+        for n, (invocation, operation, _) in enumerate(self.inflight):
+            found.append((f"land/{operation}/{invocation.index}", n, "land"))
+        if self.purged < b.purges:
+            for key in sorted(k[0] for k in self.db.items):
+                found.append((f"purge/{key[-6:]}", key, "purge"))
+        # Time passes by choice (bounded), or because nothing else can happen until it does (a sleep, a start
+        # behind a busy environment): then it is no choice, and every invocation's deadline bounds it.
+        waiting = any(a.pending is not None for a in self.actors)
+        if (found and self.advances < b.advances) or (not found and waiting):
+            moments = self._moments()
+            if moments:
+                found.append((f"clock+{moments[0] - T0:.3f}s", moments[0], "advance" if found else "wait"))
         return found
+
+    def _purge(self, key: str) -> None:
+        """What `idempotency-layer purge KEY --yes` does: a live claim is refused; else the record is deleted."""
+        item = self.db.item(key)
+        if item is None:
+            return
+        if item["status"]["S"] == "INPROGRESS" and int(item["in_progress_until"]["N"]) >= self.now * 1000:
+            return
+        params = {"TableName": TABLE, "Key": {"id": {"S": key}}}
+        self.replies.append(self.db.apply("DeleteItem", params))
+        self.requests.append(("DeleteItem", params, "ok"))
+        self.purges.append((key, len(self.choices)))
 
     def run(self) -> History:
         for invocation in self.invocations:
-            invocation.thread = threading.Thread(target=self.body, args=(invocation,), daemon=True)
-            invocation.thread.start()
-        self._wait_all(self.invocations)
+            actor = Actor(str(invocation.index), invocation)
+            actor.thread = threading.Thread(target=self.acting, args=(actor, self.body, invocation), daemon=True)
+            self.actors.append(actor)
+        with self.cond:
+            self.running = len(self.invocations)
+        for actor in list(self.actors):
+            assert actor.thread is not None
+            actor.thread.start()
+        self._settle()
         while True:
             options = self.actions()
             if not options:
                 break
-            label, invocation, kind = options[self.choose(len(options))]
+            label, target, kind = options[self.choose(len(options))]
             self.choices.append(label)
-            if kind == "advance":
-                self.advances += 1
-                self.now = self._next_moment()
+            if kind in ("advance", "wait"):
+                self.advances += kind == "advance"
+                self.now = target
                 self._kill_expired()
-                continue
-            if kind in ("throttle", "lost", "lost-retry", "raise"):
-                self.faults += 1
-            if kind in ("die", "die-after"):
-                self.crashes += 1
-            self._release(invocation, kind)
-        for invocation in self.invocations:
-            invocation.thread.join(5)
-            if invocation.thread.is_alive():
-                raise Violation(f"invocation {invocation.index} never finished: {self.choices}")
+            elif kind == "purge":
+                self.purged += 1
+                self._purge(target)
+            elif kind == "land":
+                invocation, operation, params = self.inflight.pop(target)
+                self._land(invocation, operation, params)
+            elif kind.startswith("slow-"):  # the handler works until shortly before its deadline
+                self.slowed += 1
+                assert target.invocation.deadline is not None
+                self.now = max(self.now, target.invocation.deadline - float(kind[5:]))
+                self._kill_expired()
+                self._release(target, "ok")
+            else:
+                if kind in ("throttle", "lost", "raise", "fail"):
+                    self.faults += 1
+                pending = target.pending
+                if kind == "late" or (kind in ("throttle", "lost") and pending.what in ("UpdateItem", "DeleteItem")):
+                    target.invocation.faulted = True  # a completion or release that failed may leave its claim
+                if kind == "late":
+                    self.lates += 1
+                if kind in ("die", "die-after"):
+                    self.crashes += 1
+                self._release(target, kind)
+        for actor in self.actors:
+            assert actor.thread is not None
+            actor.thread.join(5)
+            if actor.thread.is_alive():
+                raise Violation(f"actor {actor.name} never finished: {self.choices}")
         self._check_end()
         return History(self.choices, self.requests, self.replies)
+
+    # -- the checks at the end ----------------------------------------------------------------------------------
 
     def _check_end(self) -> None:
         if self.violation is not None:
             raise Violation(self.violation)
         for invocation in self.invocations:
-            if invocation.outcome[0] == "raised":
+            if invocation.outcome and invocation.outcome[0] == "raised":
                 raise Violation(f"invocation {invocation.index}: {invocation.outcome[1]}")
-        if len({owner for _, owner in self.completions}) > 1:
-            raise Violation(f"completions of {len(self.completions)} claims landed: {self.completions}")
-        completed_value = None
-        if self.completions:
-            completer = self.invocations[self.completions[0][0]]
-            completed_value = completer.ran
-        for invocation in self.invocations:
-            if invocation.outcome[0] != "ok":
+            if invocation.outcome and invocation.outcome[0] == "ok":
+                if self.bounds.kind == "whole":
+                    self._check_answer(invocation)
+                else:
+                    self._check_batch(invocation)
+        self._check_claims()
+
+    def _check_answer(self, invocation: Invocation) -> None:
+        value = invocation.outcome[1]
+        key = self.keys.key(invocation.event)
+        own = invocation.values.get(str(key))
+        if own is not None:
+            if value != own:
+                raise Violation(f"invocation {invocation.index} answered {value!r}, its handler returned {own!r}")
+            return
+        stored = [c for c in self.completions if c.key == key and c.value == value]
+        if not stored:
+            raise Violation(f"invocation {invocation.index} replayed {value!r}, which no completion of its key stored")
+        completion = stored[0]
+        assert invocation.started_at is not None
+        purged = [step for k, step in self.purges if k == key and completion.step < step < invocation.last_landed]
+        if purged:
+            raise Violation(f"invocation {invocation.index} replayed {value!r}, whose record was purged before it "
+                            "last read the table")
+        if invocation.started_at - self.max_skew - EPSILON > completion.expires_at:
+            raise Violation(f"invocation {invocation.index} replayed {value!r}, whose record had expired")
+
+    def _group(self, index: int) -> str | None:
+        """Record `index`'s ordering group as Lambda sees it: a shard, a Kafka partition, a FIFO message group."""
+        kind = self.bounds.kind
+        return {"kinesis": "shard", "kafka": f"orders-{index % 2}", "fifo": "g"}.get(kind)
+
+    def _kept(self, invocation: Invocation, response: Any) -> set[int]:
+        """The records Lambda sends again after this answer: those it names, and under a stream's checkpoint
+        (Kinesis, Kafka) every later record of a group it names one of."""
+        reported = {json.dumps(item.get("itemIdentifier"), sort_keys=True)
+                    for item in response.get("batchItemFailures", []) if isinstance(item, dict)}
+        ids = _record_ids(invocation.event)
+        kept = {index for index, identifier in enumerate(ids)
+                if json.dumps(self._failure(invocation.event, index, identifier)["itemIdentifier"], sort_keys=True)
+                in reported}
+        if self.bounds.kind == "kafka":  # one {partition, offset} per partition: Lambda resumes it from there
+            for index, identifier in enumerate(ids):
+                partition, _, offset = identifier.partition("@")
+                named = [json.loads(r) for r in reported]
+                if any(n.get("partition") == f"orders-{partition}" and n.get("offset", 1 << 62) <= int(offset)
+                       for n in named if isinstance(n, dict)):
+                    kept.add(index)
+        if self.bounds.kind == "kinesis":
+            first = min(kept, default=len(ids))
+            kept |= set(range(first, len(ids)))
+        return kept
+
+    def _check_batch(self, invocation: Invocation) -> None:
+        response = invocation.outcome[1]
+        if not isinstance(response, dict) or not isinstance(response.get("batchItemFailures"), list):
+            raise Violation(f"invocation {invocation.index} answered no batchItemFailures list: {response!r}")
+        kept = self._kept(invocation, response)
+        units = self.batch_of(invocation.event).units
+        ran = {index for _, index in invocation.ran}
+        ran_keys = {key for key, _ in invocation.ran} - invocation.unfinished  # a copy's key may run on another record
+        for index, unit in enumerate(units):
+            if index in invocation.failed and index not in kept:
+                raise Violation(f"invocation {invocation.index} dropped record {index}, which its handler reported "
+                                "failed")
+            if index in kept or index in ran or unit.key in ran_keys:
                 continue
-            _, value, replayed = invocation.outcome
-            if replayed and value != completed_value:
-                raise Violation(f"invocation {invocation.index} replayed {value!r}, the record holds "
-                                f"{completed_value!r}")
-            if not replayed and value != invocation.ran:
-                raise Violation(f"invocation {invocation.index} answered {value!r}, its handler returned "
-                                f"{invocation.ran!r}")
-        # Stuck: a claim must end by the deadline of the invocation that made it, by every clock.
-        item = self.db.item(KEY)
-        if item is not None and item["status"]["S"] == "INPROGRESS":
+            if unit.key is None or not any(c.key == unit.key for c in self.completions):
+                raise Violation(f"invocation {invocation.index} dropped record {index} as done, but no run of its key "
+                                "completed: it is lost")
+        if self.bounds.kind == "fifo":  # a message group is processed in order: nothing after a kept record goes
+            first = min(kept, default=len(units))
+            if kept != set(range(first, len(units))):
+                raise Violation(f"invocation {invocation.index} kept records {sorted(kept)} of a FIFO group: a later "
+                                "one was dropped while an earlier one comes back")
+
+    def _check_claims(self) -> None:
+        for item in self.db.items.values():
+            if item["status"]["S"] != "INPROGRESS":
+                continue
             owner = item["owner"]["S"]
-            maker = next(i for i in self.invocations if owner in i.owners)
+            maker = next(i for i in self.invocations if owner in i.owners or owner in i.tokens)
+            assert maker.deadline is not None and maker.started_at is not None
+            # Withdrawn: an invocation that ended alive leaves no claim behind, unless a request of its own failed
+            # (a release refused, or a claim that landed after its release did).
+            if maker.finished and not maker.dead and not maker.faulted and not maker.late:
+                raise Violation(f"invocation {maker.index} ended ({maker.outcome[0]}) and left its claim behind")
+            # Bounded: a claim ends by the deadline of the invocation that made it (or the floor), by every clock.
             until = int(item["in_progress_until"]["N"]) / 1000
-            # The claim lasts the invocation's remaining time as the claim was sent, plus the skew margin: its
-            # deadline, moved by no more than how long after the start the claim landed, plus the margin.
-            latest = maker.deadline + (maker.claimed_at[owner] - maker.started_at) + CLAIM_MARGIN_MS / 1000 + EPSILON
+            landed = maker.claimed_at.get(owner, self.now)
+            floor = max(0.0, self.bounds.floor_s - maker.remaining_ms / 1000)
+            latest = (maker.deadline + (landed - maker.started_at) + floor + CLAIM_MARGIN_MS / 1000
+                      + maker.environment.skew + EPSILON)
             if until > latest:
                 raise Violation(f"a claim outlives its invocation's deadline by {until - maker.deadline:.3f}s")
 
@@ -429,6 +848,34 @@ class _Chooser:
         return choice
 
 
+@contextlib.contextmanager
+def _virtual_time(world: World) -> Iterator[None]:
+    """The layer's modules that read the monotonic clock read the world's while `world` runs."""
+    modules = (_deadline_module, _cycle_module, _invocation_module)
+    saved = [module.time for module in modules]
+    saved_random = _cycle_module.random
+    fake = _Time(world)
+    for module in modules:
+        module.time = fake  # type: ignore[assignment]
+    _cycle_module.random = _random.Random(0)  # type: ignore[assignment]  # backoffs jittered alike on every replay
+    try:
+        yield
+    finally:
+        for module, original in zip(modules, saved, strict=True):
+            module.time = original  # type: ignore[assignment]
+        _cycle_module.random = saved_random
+
+
+def _run(bounds: Bounds, choose: Callable[[int], int]) -> World:
+    world = World(bounds, choose)
+    try:
+        with _virtual_time(world):
+            world.history = world.run()
+    except Violation as violation:
+        raise Violation(f"{violation}\n  history: {' -> '.join(world.choices)}") from None
+    return world
+
+
 def _histories(bounds: Bounds, limit: int | None = None) -> Iterator[History]:
     """Every history within `bounds`, depth first (stateless: each one replayed from the start)."""
     prefix: list[int] = []
@@ -436,11 +883,9 @@ def _histories(bounds: Bounds, limit: int | None = None) -> Iterator[History]:
     while True:
         chooser = _Chooser(prefix)
         trace = chooser.trace
-        world = World(bounds, chooser.choose)
-        try:
-            yield world.run()
-        except Violation as violation:
-            raise Violation(f"{violation}\n  history: {' -> '.join(world.choices)}") from None
+        history = _run(bounds, chooser.choose).history
+        assert history is not None
+        yield history
         count += 1
         if limit is not None and count >= limit:
             return
@@ -451,36 +896,134 @@ def _histories(bounds: Bounds, limit: int | None = None) -> Iterator[History]:
         prefix = [choice for choice, _ in trace[:-1]] + [trace[-1][0] + 1]
 
 
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    quiet = logging.getLogger("idempotency_layer")
+    quiet.addHandler(logging.NullHandler())  # the layer's own warnings, thousands of times, say nothing here
+    propagate, quiet.propagate = quiet.propagate, False
+    try:
+        yield
+    finally:
+        quiet.propagate = propagate
+
+
 def explore(bounds: Bounds, sample_every: int = 0, limit: int | None = None) -> tuple[int, list[History]]:
     """Explore every history within `bounds`; raise Violation on the first broken invariant.
 
     Returns how many histories were explored and every `sample_every`-th one (for replay on DynamoDB)."""
     count = 0
     sample: list[History] = []
-    quiet = logging.getLogger("idempotency_layer")
-    quiet.addHandler(logging.NullHandler())  # the layer's own warnings, thousands of times, say nothing here
-    for history in _histories(bounds, limit):
-        if sample_every and count % sample_every == 0:
-            sample.append(history)
-        count += 1
+    with _quiet():
+        for history in _histories(bounds, limit):
+            if sample_every and count % sample_every == 0:
+                sample.append(history)
+            count += 1
     return count, sample
+
+
+def walk(bounds: Bounds, walks: int, seed: int = 0, sample_every: int = 0) -> tuple[int, list[History]]:
+    """`walks` histories within `bounds`, each choice drawn at random (seeded: the same histories every run), for
+    bounds too wide to explore in full; raise Violation on the first broken invariant. Returns how many of the
+    histories were distinct, and every `sample_every`-th one."""
+    rng = _random.Random(seed)
+    seen: set[tuple[str, ...]] = set()
+    sample: list[History] = []
+    with _quiet():
+        for n in range(walks):
+            history = _run(bounds, rng.randrange).history
+            assert history is not None
+            seen.add(tuple(history.choices))
+            if sample_every and n % sample_every == 0:
+                sample.append(history)
+    return len(seen), sample
+
+
+# The searches, each a path the protocol takes: `CI` is the suite's slice (tests/unit/test_protocol_model.py),
+# `DEEP` what `python -m tools.model --deep` explores (docs/reliability.md has its figures). A search is
+# (bounds, walks): walks=0 explores every history, else that many random walks.
+WHOLE = {
+    "two copies, a fault, a crash": Bounds(invocations=2, faults=1, crashes=1, advances=2),
+    "a clock 0.9 s ahead (inside the margin)": Bounds(invocations=2, faults=1, crashes=1, advances=2,
+                                                      skew_s=(0.0, 0.9)),
+    "three copies, two environments, local caches": Bounds(invocations=3, faults=0, crashes=1, advances=1,
+                                                           environments=2, cache=True),
+    "purges across environments' caches": Bounds(invocations=3, faults=0, crashes=0, advances=1, environments=2,
+                                                 cache=True, purges=1),
+    "cache and TTL expiry, skewed clocks": Bounds(invocations=3, faults=0, crashes=0, advances=2, environments=2,
+                                                  cache=True, ttl_s=5, skew_s=(0.0, 0.9)),
+    "a late copy after TTL expiry": Bounds(invocations=2, faults=0, crashes=1, advances=2, ttl_s=5,
+                                           skew_s=(0.0, 0.9)),
+    "a request landing after its caller gave up": Bounds(invocations=2, faults=0, crashes=1, advances=2, late=1),
+    "waits and their polls": Bounds(invocations=2, faults=1, crashes=0, advances=2, wait_s=5.0),
+    "the in-progress floor": Bounds(invocations=2, faults=0, crashes=1, advances=2, floor_s=30),
+    "backoffs near the deadline": Bounds(invocations=2, faults=1, crashes=0, advances=1, slow_s=(0.2, 0.6)),
+}
+BATCHES = {
+    f"{kind} batches": Bounds(invocations=2, faults=1, crashes=1, advances=1, kind=kind, slow_s=(0.2,),
+                              precheck=precheck)
+    for kind, precheck in (("sqs", "auto"), ("fifo", "auto"), ("dup", "auto"), ("kinesis", "always"),
+                           ("kafka", "auto"))
+}
+CI: dict[str, tuple[Bounds, int]] = {
+    **{name: (bounds, 0) for name, bounds in WHOLE.items()},
+    **{f"{kind} batches, one record": (Bounds(invocations=2, faults=1, crashes=1, advances=1, kind=kind, records=1),
+                                       0) for kind in ("sqs", "kinesis", "kafka")},
+    **{name: (bounds, 1500) for name, bounds in BATCHES.items()},
+}
+DEEP: dict[str, tuple[Bounds, int]] = {
+    **{name: (bounds, 0) for name, bounds in WHOLE.items()},
+    "three copies, a crash": (Bounds(invocations=3, faults=0, crashes=1, advances=0), 0),
+    "three copies, a fault": (Bounds(invocations=3, faults=1, crashes=0, advances=1), 0),
+    "two copies, two faults, two crashes": (Bounds(invocations=2, faults=2, crashes=2, advances=2), 0),
+    **{f"{kind} batches, exhaustive": (Bounds(invocations=2, faults=1, crashes=0, advances=0, kind=kind), 0)
+       for kind in ("sqs", "fifo", "dup", "kinesis", "kafka")},
+    **{name: (bounds, 20000) for name, bounds in BATCHES.items()},
+}
+
+
+def search(bounds: Bounds, walks: int) -> int:
+    """One search: every history within `bounds` (walks=0), or that many random walks; how many histories."""
+    return (walk(bounds, walks) if walks else explore(bounds))[0]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--deep", action="store_true", help="every search of DEEP (about an hour)")
+    parser.add_argument("--ci", action="store_true", help="every search of the suite's slice")
+    parser.add_argument("--walks", type=int, default=0, help="random walks instead of the whole search")
+    parser.add_argument("--kind", default="whole", choices=("whole", "sqs", "fifo", "dup", "kinesis", "kafka"))
     parser.add_argument("--invocations", type=int, default=3)
-    parser.add_argument("--faults", type=int, default=2)
+    parser.add_argument("--faults", type=int, default=1)
     parser.add_argument("--crashes", type=int, default=1)
-    parser.add_argument("--advances", type=int, default=3)
+    parser.add_argument("--advances", type=int, default=2)
     parser.add_argument("--skew", type=float, nargs="*", default=[0.0], help="clock offsets in seconds")
     parser.add_argument("--environments", type=int, default=0, help="0: one per invocation")
     parser.add_argument("--cache", action="store_true")
+    parser.add_argument("--records", type=int, default=2)
+    parser.add_argument("--wait", type=float, default=0.0)
+    parser.add_argument("--floor", type=int, default=0)
+    parser.add_argument("--ttl", type=int, default=3600)
+    parser.add_argument("--purges", type=int, default=0)
+    parser.add_argument("--late", type=int, default=0)
+    parser.add_argument("--precheck", default="auto", choices=("auto", "always", "never"))
+    parser.add_argument("--slow", type=float, nargs="*", default=[], help="seconds before the deadline")
     options = parser.parse_args()
-    bounds = Bounds(options.invocations, options.faults, options.crashes, options.advances, tuple(options.skew),
-                    options.environments, options.cache)
-    started = time.monotonic()
-    count, _ = explore(bounds)
-    print(f"{count} histories explored within {bounds}, no invariant broken ({time.monotonic() - started:.1f} s)")
+    if options.deep or options.ci:
+        searches = DEEP if options.deep else CI
+    else:
+        searches = {"the given bounds": (Bounds(
+            options.invocations, options.faults, options.crashes, options.advances, tuple(options.skew),
+            options.environments, options.cache, options.kind, options.records, options.wait, options.floor,
+            options.ttl, options.purges, options.late, options.precheck, slow_s=tuple(options.slow)), options.walks)}
+    total, began = 0, _real_time.monotonic()
+    for name, (bounds, walks) in searches.items():
+        started = _real_time.monotonic()
+        count = search(bounds, walks)
+        total += count
+        how = f"{count} distinct histories of {walks} random walks" if walks else f"{count} histories (all)"
+        print(f"{name}: {how}, no invariant broken ({_real_time.monotonic() - started:.1f} s)", flush=True)
+    print(f"{len(searches)} searches, {total} histories, no invariant broken "
+          f"({_real_time.monotonic() - began:.1f} s)")
     return 0
 
 
