@@ -406,6 +406,13 @@ def load(env: Mapping[str, str] | None = None) -> Config:
                               for field, variable, reader, default, arguments in _PLAIN}
     values.update((field, _choice(env, variable, default, accepted) == meaning)
                   for field, variable, accepted, default, meaning in _DECIDED)
+    if caller_headers and not values["http"]:
+        # Caller headers scope only the requests the layer handles as HTTP: ignored, every caller shares a key.
+        raise IdempotencyConfigurationError(
+            "IDEMPOTENCY_CALLER_HEADERS is set but IDEMPOTENCY_HTTP=off: caller headers scope only requests the "
+            "layer handles as HTTP, so every caller would share each key; unset IDEMPOTENCY_HTTP (auto), or put the "
+            "caller in IDEMPOTENCY_KEY_JMESPATH instead"
+        )
     return Config(
         disabled=disabled,
         table=table,

@@ -180,7 +180,8 @@ def _check_fingerprint(key: str, stored: str | None, given: str | None) -> None:
     if stored != given:
         # An HTTP request's default fingerprint (method, path, body) ends in ".http"; anything else is the expression's.
         what = ("its method, path, query or body differ" if given.endswith(".http")
-                else "IDEMPOTENCY_PAYLOAD_JMESPATH selects something else from this event")
+                else "its path differs, or IDEMPOTENCY_PAYLOAD_JMESPATH selects something else from it"
+                if given.endswith("+path") else "IDEMPOTENCY_PAYLOAD_JMESPATH selects something else from this event")
         raise IdempotencyPayloadMismatchError(
             f"key {key!r} was used before with another payload ({what}); the handler did not run"
         )

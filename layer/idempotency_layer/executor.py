@@ -148,7 +148,8 @@ class Executor:
             return http.problem(request, 400, str(plan.refusal))
         self._say(plan)
         unit = plan.units[0]
-        if unit.key is None:
+        key = unit.key
+        if key is None:
             inv.count("PassThroughs")
             return self.handler(event, context)
         if self._http_results is None:
@@ -159,12 +160,12 @@ class Executor:
         # A payload 2.0 value without a statusCode is stored in the explicit form API Gateway made of it: its body
         # is the text the runtime sent the first time, whatever a later runtime's marshaller would write.
         results = values.shaped(lambda value, text: http.explicit(request, value, lambda _: text))
-        inv.describe(HTTP, unit.key)
+        inv.describe(HTTP, key)
         try:
-            outcome = self.cycle.run(inv, unit.key, partial(self.handler, event, context), unit.fingerprint,
-                                     results=results, keep=lambda response: http.status_of(request, response) < 500)
+            outcome = self.cycle.run(inv, key, partial(self.handler, event, context), unit.fingerprint,
+                                     results=results, keep=lambda response: http.storable(request, response, key))
         except IdempotencyError as error:
-            return http.answer(request, error, unit.key, self.settings.payload_jmespath)
+            return http.answer(request, error, key, self.settings.payload_jmespath)
         if not outcome.replayed:
             return outcome.value
         return http.mark_replayed(request, outcome.value, values.text)  # text: for an earlier version's record

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _LONGEST_INVOCATION_MS = 900_000  # Lambda's 15-minute limit: the claim for a context with no deadline
+INIT_CHECK_S = 2.0  # the most the table check at init may take, retries included (Lambda's init has 10 s)
 _logger = logging.getLogger(LOGGER_NAME)
 
 
@@ -74,6 +75,7 @@ def build(config: _config.Config, user_handler: Any, *, transport: Any = None, s
     one `config` names; the table's key schema checked) unless one is given. A source's module is imported with the
     first event of its kind."""
     from .cycle import Cycle
+    from .deadline import Deadline
     from .executor import Executor
     from .invocation import Invocation
     from .keys import KeyDeriver
@@ -85,7 +87,10 @@ def build(config: _config.Config, user_handler: Any, *, transport: Any = None, s
         if store is None:
             store = DynamoDBStore(transport if transport is not None else _transport(config), config.table,
                                   config.attributes, config.partition_value)
-            store.verify()  # a table whose key schema does not match the settings fails init, before any handler runs
+            # A table whose key schema does not match the settings fails init, before any handler runs. Bounded:
+            # Lambda gives init 10 s, and a table that does not answer in time is checked again before the first
+            # claim, within that invocation's deadline.
+            store.verify(Deadline.after(INIT_CHECK_S))
         cycle = Cycle(store, config.ttl_seconds, config.local_cache_size, results=runtime_results(),
                       min_claim_ms=config.in_progress_seconds * 1000, wait_seconds=config.wait_seconds,
                       precheck=config.batch_precheck)

@@ -307,8 +307,9 @@ def test_a_function_never_sent_a_batch_never_imports_the_batch_module(
 
 
 def _purge_with_the_cli(dynamodb: Any, table: str, event: dict[str, Any], tmp_path: Path,
-                        settings: dict[str, str]) -> None:
-    """`idempotency-layer purge --event FILE --yes` with the function's settings, as an operator runs it."""
+                        settings: dict[str, str], opt: Path) -> None:
+    """`python -m idempotency_layer purge --event FILE --yes` with the function's settings, as an operator runs it
+    from the unzipped layer (`opt`) with the PYTHONPATH the README gives."""
     import os
     import subprocess
     import sys
@@ -317,26 +318,31 @@ def _purge_with_the_cli(dynamodb: Any, table: str, event: dict[str, Any], tmp_pa
 
     path = tmp_path / "event.json"
     path.write_text(json.dumps(event))
-    root = Path(__file__).resolve().parents[2]
+    import jmespath
+
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    jmespath_home = Path(jmespath.__file__).parents[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("IDEMPOTENCY_", "AWS_")) and k != "PYTHONPATH"}
     env.update(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_REGION="us-east-1",
                AWS_ENDPOINT_URL_DYNAMODB=dynamodb.endpoint, IDEMPOTENCY_TABLE=table, AWS_LAMBDA_FUNCTION_NAME=FUNCTION,
-               PYTHONPATH=str(root / "layer"), **settings)
-    done = subprocess.run([sys.executable, "-m", "idempotency_layer", "purge", "--event", str(path), "--yes"],
-                          env=env, capture_output=True, text=True, timeout=60, check=False)
+               PYTHONPATH=f"{opt}/python:{opt}/python/lib/python{version}/site-packages:{jmespath_home}", **settings)
+    # -S keeps the test venv's site-packages (its editable layer, its orjson) out: only the layer's own code runs,
+    # with jmespath (the runtime's, which boto3 brings) as the one package of the operator's own.
+    done = subprocess.run([sys.executable, "-S", "-m", "idempotency_layer", "purge", "--event", str(path), "--yes"],
+                          env=env, capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
 
 
 def test_a_purged_message_runs_again_in_a_warm_environment_with_a_local_cache(
         primary: str, environments: Environments, shared_table: str, executions: Executions, dynamodb: Any,
-        tmp_path: Path) -> None:
+        tmp_path: Path, opt_dir: Path) -> None:
     """Issue 28: with IDEMPOTENCY_LOCAL_CACHE_SIZE set, the redelivery of a message an operator had purged to have
     it reprocessed was dropped as done from memory, and the queue deleted it."""
     settings = {**BODY_KEY, "IDEMPOTENCY_LOCAL_CACHE_SIZE": "64"}
     env = consumer(environments, primary, shared_table, settings)
     messages = [order() for _ in range(3)]
     assert env.invoke(events.sqs_event(messages)).json() is None
-    _purge_with_the_cli(dynamodb, shared_table, events.sqs_event(messages[1:2]), tmp_path, settings)
+    _purge_with_the_cli(dynamodb, shared_table, events.sqs_event(messages[1:2]), tmp_path, settings, opt_dir)
     again = env.invoke(events.sqs_event(messages))  # the same warm environment, its cache holding all three
     assert failed(again) == []
     assert [executions.count(marker_of(m)) for m in messages] == [1, 2, 1]
@@ -344,13 +350,13 @@ def test_a_purged_message_runs_again_in_a_warm_environment_with_a_local_cache(
 
 def test_a_purged_event_runs_again_in_a_warm_environment_with_a_local_cache(
         primary: str, environments: Environments, shared_table: str, executions: Executions, dynamodb: Any,
-        tmp_path: Path) -> None:
+        tmp_path: Path, opt_dir: Path) -> None:
     settings = {"IDEMPOTENCY_KEY_JMESPATH": "marker", "IDEMPOTENCY_LOCAL_CACHE_SIZE": "64"}
     env = environments.shared(primary, shared_table, settings)
     event = {"marker": marker(), "action": "random"}
     first = env.invoke(event)
     assert env.invoke(event).body == first.body and executions.count(event["marker"]) == 1  # from the cache
-    _purge_with_the_cli(dynamodb, shared_table, event, tmp_path, settings)
+    _purge_with_the_cli(dynamodb, shared_table, event, tmp_path, settings, opt_dir)
     rerun = env.invoke(event)
     assert rerun.error_type is None and rerun.body != first.body and executions.count(event["marker"]) == 2
     assert env.invoke(event).body == rerun.body and executions.count(event["marker"]) == 2

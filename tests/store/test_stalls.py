@@ -7,6 +7,7 @@ behind a proxy that stalls the scripted request and stamps when each one arrives
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 from urllib.parse import urlparse
@@ -20,7 +21,10 @@ from idempotency_layer.dynamodb import Deadline
 from idempotency_layer.invocation import Invocation
 from idempotency_layer.store import COMPLETED, DynamoDBStore
 from tests.conftest import TRANSPORTS, build_transport
+from tests.store import test_metrics_counts as _metrics_tests
 from tests.support.fault_proxy import FORWARDED, STALL, STALL_AFTER_BYTE, FaultProxy
+
+build = _metrics_tests.build  # the fixture: functions built from settings (here: the interceptor imported)
 
 READ_TIMEOUT = 0.5
 # The next attempt follows the read timeout after at most the first retry's backoff (transient errors: up to
@@ -130,3 +134,34 @@ def test_a_completion_after_a_stalled_attempt_lands_and_a_later_copy_replays(
     assert took < 8.0 - 1.0, f"the completion took {took:.2f} s"
     again = cycle.run(Invocation(8_000), "fn#order-1", lambda: runs.append(1))
     assert again == ({"placed": True}, True) and runs == [1]
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+def test_a_table_that_stalls_at_init_costs_init_the_check_bound_not_every_attempt(
+        kind: str, stalling: FaultProxy, table_name: str, layer_env: Any, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture, build: Any) -> None:
+    # Attempts of a read timeout each held init 9 s of Lambda's 10 by default (the fourth hostile review's cold
+    # start timed out); the check gives up at INIT_CHECK_S and the first claim checks again, within its deadline.
+    from idempotency_layer import config as _config
+
+    build()  # the interceptor module, imported under settings of its own
+    interceptor = sys.modules["idempotency_layer.interceptor"]
+    INIT_CHECK_S = interceptor.INIT_CHECK_S
+    monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", stalling.endpoint)
+    transport = build_transport(kind, connect_timeout=2, read_timeout=6, max_attempts=3)
+    stalling.script("GetItem", STALL)
+    settings = _config.load({"IDEMPOTENCY_TABLE": table_name, "IDEMPOTENCY_ORIGINAL_HANDLER": "app.handler",
+                             "AWS_LAMBDA_FUNCTION_NAME": "fn", "IDEMPOTENCY_KEY_JMESPATH": "orderId"})
+    runs: list[Any] = []
+    started = time.monotonic()
+    handler = interceptor.build(settings, lambda event, context: runs.append(event) or "placed", transport=transport)
+    took = time.monotonic() - started
+    assert took < INIT_CHECK_S + 1.5, f"init's table check took {took:.2f} s"  # unbounded: 6 s, then an answer
+    assert "checked again before the first claim" in caplog.text
+
+    class Context:
+        def get_remaining_time_in_millis(self) -> int:
+            return 10_000
+
+    assert handler({"orderId": "o-init"}, Context()) == "placed"
+    assert handler({"orderId": "o-init"}, Context()) == "placed" and len(runs) == 1

@@ -207,3 +207,12 @@ def test_caller_headers_are_a_lower_cased_list_without_repeats():
     assert load(BASE).caller_headers == ()
     config = load({**BASE, "IDEMPOTENCY_CALLER_HEADERS": " Authorization , X-Api-Key,authorization "})
     assert config.caller_headers == ("authorization", "x-api-key")
+
+
+def test_caller_headers_under_http_off_fail_init_instead_of_being_ignored():
+    # With HTTP handling off nothing reads them: every caller would share each key without a word.
+    settings = {**BASE, "IDEMPOTENCY_CALLER_HEADERS": "Authorization", "IDEMPOTENCY_HTTP": "off"}
+    with pytest.raises(IdempotencyConfigurationError, match="CALLER_HEADERS is set but IDEMPOTENCY_HTTP=off"):
+        load(settings)
+    assert load({**settings, "IDEMPOTENCY_HTTP": "auto"}).caller_headers == ("authorization",)
+    assert load({**settings, "IDEMPOTENCY_CALLER_HEADERS": " "}).http is False

@@ -287,6 +287,24 @@ def status_of(request: Request, response: Any) -> int:
     return 200 if request.form == "v2" and (not isinstance(response, dict) or "statusCode" not in response) else 502
 
 
+def storable(request: Request, response: Any, key: str) -> bool:
+    """Whether the handler's `response` to `request` is stored: not when the client saw a server error (a 5xx, or a
+    value the gateway cannot answer, which it answers 502), so a retry runs again. The second is said."""
+    status = status_of(request, response)
+    if status == 502 and not (isinstance(response, dict) and response.get("statusCode") in (502, "502")):
+        logger.warning("the handler's answer is not a response object the gateway can answer (%s): not stored, so "
+                       "a retry runs the handler again", _unanswerable(response), extra=fields(key))
+    return status < 500
+
+
+def _unanswerable(response: Any) -> str:
+    if not isinstance(response, dict):
+        return f"a {type(response).__name__}, not an object"
+    if "statusCode" not in response:
+        return "no statusCode"
+    return f"a {type(response['statusCode']).__name__} statusCode, not an integer"
+
+
 def explicit(request: Request, response: Any, dumps: Callable[[Any], str | bytes] = json.dumps) -> Any:
     """A payload 2.0 value that is not a response object, in the explicit form API Gateway makes of it: a 200
     whose body is the JSON text the function sent, which `dumps` gives (the runtime's marshaller: Decimal,
@@ -334,8 +352,19 @@ def request_key(keys: KeyDeriver, settings: Any, request: Request, event: Any) -
         return None, None  # the whole-event key would make every retry new: requests carry ids
     key = keys.key_of(key_material(request, value, settings.caller_headers))
     if settings.payload_jmespath:
-        return key, keys.fingerprint(event)
+        return key, _bound_to_path(request, keys.fingerprint(event))
     return key, f"{digest(default_payload(request))}.http"
+
+
+def _bound_to_path(request: Request, fingerprint: str | None) -> str | None:
+    """The payload expression's fingerprint, bound to the request's path when its route is a template
+    (`/{proxy+}`, `/orders/{id}`): the key covers every path under such a route, and a key reused on another path
+    is another request whatever the expression selects. Its own tag, so records fingerprinted without the path
+    are compared with nothing, as records of another expression are."""
+    if fingerprint is None or "{" not in request.route:
+        return fingerprint
+    selected, _, tag = fingerprint.partition(".")
+    return f"{digest([request.path, selected])}.{tag}+path"
 
 
 def plan(settings: Any, keys: KeyDeriver, request: Request, event: Any) -> Plan:
