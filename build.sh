@@ -7,6 +7,8 @@
 #   ./build.sh test [PYTEST_ARGS...]    fresh-machine setup, ruff, mypy, build, downloads, pytest
 #   ./build.sh unit [PYTEST_ARGS...]    the fast loop: ruff, mypy and the tests that need no Java, emulator or zip
 #   ./build.sh demo                     the unmodified examples/ handlers (orders, orders_api, shipments, kafka_orders) under the layer, locally
+#   ./build.sh invoke --code DIR --handler MODULE.FUNCTION --event FILE [--times N] [--env NAME=VALUE ...]
+#                                       your own function under the layer, locally (scripts/invoke.py)
 #   ./build.sh bench [ARGS...]          bench/run.py
 #   ./build.sh chaos [ARGS...]          the fault-injection soak (tools/chaos.py; --help for its flags)
 #   ./build.sh sam-local                the README's SAM commands, run and checked (scripts/sam-local.sh)
@@ -23,7 +25,7 @@ PYTHONS=(3.10 3.11 3.12 3.13 3.14)
 ARCHES=(x86_64 arm64)
 MAX_ZIP_BYTES=$((3 * 1024 * 1024))
 # Outside the work tree so fresh clones (CI) reuse it, and builds still work when the index is unreachable.
-WHEEL_CACHE=${IDEMPOTENCY_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/idempotency-layer/wheels}
+WHEEL_CACHE=${IDEMLAYER_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/idempotency-layer/wheels}
 VENV=$ROOT/.venv
 
 log() { printf '==> %s\n' "$*" >&2; }
@@ -282,6 +284,14 @@ cmd_demo() {
   in_run_tmpdir "$VENV/bin/python" examples/demo.py "$@"
 }
 
+cmd_invoke() {
+  ensure_java
+  ensure_venv test
+  cmd_build >&2
+  "$VENV/bin/python" -m tests.support.downloads >&2
+  exec "$VENV/bin/python" scripts/invoke.py "$@"
+}
+
 cmd_bench() {
   [[ -f bench/run.py ]] || die "bench/run.py is missing: the benchmark has not been written yet"
   ensure_venv test,bench # the bench drives the same local DynamoDB and RIE as the tests
@@ -315,10 +325,11 @@ case $sub in
   test) cmd_test "$@" ;;
   unit) cmd_unit "$@" ;;
   demo) cmd_demo "$@" ;;
+  invoke) cmd_invoke "$@" ;;
   bench) cmd_bench "$@" ;;
   chaos) cmd_chaos "$@" ;;
   sam-local) cmd_sam_local ;;
   --with-boto3) cmd_build "$sub" "$@" ;;
-  -h | --help) sed -n '2,12s/^# \{0,1\}//p' "$0" ;;
-  *) die "unknown command '$sub' (build, wheel, publish, test, unit, demo, bench, chaos, sam-local)" ;;
+  -h | --help) sed -n '2,14s/^# \{0,1\}//p' "$0" ;;
+  *) die "unknown command '$sub' (build, wheel, publish, test, unit, demo, invoke, bench, chaos, sam-local)" ;;
 esac

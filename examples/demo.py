@@ -305,9 +305,10 @@ def main() -> int:
         failures += count != 1 or len(confirmations) != 1 or None in confirmations
         # Everything the handler did, straight from its side effect.
         lines = [json.loads(line)["orderId"] for line in orders_file.read_text().splitlines()]
-        print(
-            f"\n{orders_file.name}: {len(lines)} line(s) for {len(set(lines))} distinct orders ({COPIES - 1} warm-ups)"
-        )
+        warmups = sum(order.startswith("warm-up-") for order in lines)
+        print(f"\n{orders_file.name} (one line each time the handler placed an order): {len(lines)} line(s), "
+              f"{len(set(lines))} distinct orders: the two above, placed once each, and {warmups} warm-up orders "
+              "that started the burst's environments")
 
         def consumer(name: str, extra: dict[str, str]) -> LambdaEnvironment:
             settings = {k: v for k, v in function_env.items() if k != "IDEMPOTENCY_KEY_JMESPATH"}  # per message

@@ -16,7 +16,7 @@ AWSCLI_VERSION=1.46.3
 RUNTIME=3.12 # the examples' Runtime in template.yaml
 ARCH=x86_64  # and their Architectures
 IMAGE=public.ecr.aws/lambda/python:$RUNTIME-$ARCH
-CACHE=${IDEMPOTENCY_TEST_CACHE:-$HOME/.cache/idempotency-layer-tests}/sam
+CACHE=${IDEMLAYER_TEST_CACHE:-$HOME/.cache/idempotency-layer-tests}/sam
 CGROUP_PARENT=idempotency-sam # the containers' cgroups live under this name, ours to clean up
 VENV=$ROOT/.venv
 

@@ -23,8 +23,10 @@ BYTES = "bytes"  # the exact bytes the runtime sent (a handler that returned byt
 COMPRESSED = "+z"
 TOO_LARGE = "too_large"
 DONE = "done"  # a batch record: completed, with no result kept (there is nothing to replay)
+# The handler returned a value the runtime cannot send: completed, its data the value's type name (no content).
+UNDELIVERABLE = "undeliverable"
 FORMATS = frozenset(
-    {f + z for f in (JSON, TAGGED, RESPONSE, BYTES) for z in ("", COMPRESSED)} | {TOO_LARGE, DONE}
+    {f + z for f in (JSON, TAGGED, RESPONSE, BYTES) for z in ("", COMPRESSED)} | {TOO_LARGE, DONE, UNDELIVERABLE}
 )
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
@@ -195,7 +197,7 @@ def encode(value: Any, budget: int = ITEM_LIMIT - RECORD_OVERHEAD) -> Encoded:
 def unpack(encoded: Encoded) -> tuple[str, bytes]:
     """The format without compression, and the data as it was before `pack`."""
     form, data = encoded
-    if form in (TOO_LARGE, DONE) or data is None:
+    if form in (TOO_LARGE, DONE, UNDELIVERABLE) or data is None:
         raise ValueError(f"a result of format {form!r} has no data to decode")
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogatepass")

@@ -391,9 +391,46 @@ def _read(env: Mapping[str, str], variable: str, reader: str, default: Any, argu
     return _number(env, variable, default, minimum, maximum, int if reader == "int" else float)
 
 
+# Every IDEMPOTENCY_* name the layer reads: those above, the rest read by `load`, the exec wrapper's own and the
+# CLI's. Any other name set fails init: a mistyped one would otherwise be ignored, and a mistyped key
+# expression falls back to the whole event, a weaker key, without a word.
+NAMES = frozenset(
+    [variable for _, variable, *_ in _PLAIN + _DECIDED if variable.startswith("IDEMPOTENCY_")]
+    + list(_ATTR_VARIABLES.values())
+    + ["IDEMPOTENCY_DISABLED", "IDEMPOTENCY_ORIGINAL_HANDLER", "IDEMPOTENCY_TABLE", "IDEMPOTENCY_KEY_PREFIX",
+       "IDEMPOTENCY_KEY_JMESPATH", "IDEMPOTENCY_KEY_HEADER", "IDEMPOTENCY_CALLER_HEADERS", "IDEMPOTENCY_LOG_LEVEL",
+       "IDEMPOTENCY_PARTITION_VALUE", "IDEMPOTENCY_METRICS_NAMESPACE"]
+    + ["IDEMPOTENCY_NEXT_WRAPPER", "IDEMPOTENCY_WRAPPER_CHAINED", "IDEMPOTENCY_CLI_TRACEBACK"]
+)
+
+
+def _unknown_names(env: Mapping[str, str]) -> None:
+    """Fail on a set IDEMPOTENCY_* name (in any case) the layer does not read, naming the closest known one."""
+    for name in sorted(env):
+        if not name.upper().startswith("IDEMPOTENCY_") or name in NAMES or _text(env, name) is None:
+            continue
+        raise IdempotencyConfigurationError(
+            f"{name} is set, but it is not a setting of this layer{_closest(name)}; a misspelled setting would "
+            "be ignored, so init fails (the README lists every setting)"
+        )
+
+
+def _closest(name: str) -> str:
+    import difflib  # only when a name is wrong: not at a good init's cost
+
+    upper = name.upper()
+    longer = [known for known in NAMES if known.startswith(upper + "_")]  # IDEMPOTENCY_TTL: IDEMPOTENCY_TTL_SECONDS
+    # Compared without the prefix every name shares, which would make any name look close to all of them.
+    rest = {known[len("IDEMPOTENCY_"):]: known for known in NAMES}
+    similar = difflib.get_close_matches(upper[len("IDEMPOTENCY_"):], sorted(rest), n=1, cutoff=0.75)
+    close = [upper] if upper in NAMES else longer if len(longer) == 1 else [rest[part] for part in similar]
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def load(env: Mapping[str, str] | None = None) -> Config:
     """Build the configuration from the environment (os.environ by default)."""
     env = os.environ if env is None else env
+    _unknown_names(env)
     disabled = _bool(env, "IDEMPOTENCY_DISABLED", False)
     original_handler, table = _handler_and_table(env, disabled)
     prefix, prefix_variable = _prefix(env, disabled)

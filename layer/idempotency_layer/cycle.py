@@ -29,6 +29,7 @@ from .errors import (
     IdempotencyPayloadMismatchError,
     IdempotencyPersistenceLayerError,
     IdempotencyResultTooLargeError,
+    IdempotencyResultUndeliverableError,
 )
 from .log import fields
 from .results import Results, Undeliverable, ValueResults
@@ -506,6 +507,12 @@ class Cycle:
                 f"key {key!r} was completed as a batch record, which keeps no result, so this event cannot be "
                 "replayed; batch records and whole events must not select the same key"
             )
+        if result.format == codec.UNDELIVERABLE:
+            raise IdempotencyResultUndeliverableError(
+                f"key {key!r} already ran, but the runtime could not send the result its handler returned (of type "
+                f"{result.data!s:.120}: Runtime.MarshalError), so there is nothing to replay; it does not run again "
+                "while its record lives (purge the key to run it again)"
+            )
         if result.format == codec.TOO_LARGE:
             raise IdempotencyResultTooLargeError(
                 f"key {key!r} already ran, but its result was too large to store "
@@ -591,9 +598,12 @@ class Cycle:
         # From here on the handler has run: every failure of ours ends in a completion, never a bare claim.
         try:
             delivered, result = results.encode(value)
-        except Undeliverable:
-            self.release(inv, key, owner)  # the runtime reports its own error for it, as it would without us
-            return value
+        except Undeliverable as refused:
+            # The runtime reports its own error (Runtime.MarshalError) for this invocation; the work is done, so
+            # the key is completed and copies are told why there is nothing to replay, never run again.
+            logger.warning("result of key %r (of type %s) cannot be sent by the runtime; completed without it, "
+                           "replays will raise", key, refused.kind, extra=fields(key, "first_run"))
+            delivered, result = value, codec.Encoded(codec.UNDELIVERABLE, refused.kind)
         except BaseException as error:  # our own failure (a bug, MemoryError, RecursionError): do not rerun
             logger.error("result of key %r cannot be stored (%s); replays will raise", key, type(error).__name__,
                          extra=fields(key, "first_run"))

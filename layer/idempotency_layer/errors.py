@@ -40,6 +40,11 @@ class IdempotencyResultTooLargeError(IdempotencyError):
     """The first run completed, but its result was too large to store, so it cannot be replayed."""
 
 
+class IdempotencyResultUndeliverableError(IdempotencyError):
+    """The first run completed, but the runtime could not send the value its handler returned, so there is nothing
+    to replay; the handler does not run again while the record lives."""
+
+
 class IdempotencyClaimConflictError(IdempotencyError):
     """The claim kept failing on a record the client clock saw as expired (clock skew between client and table)."""
 

@@ -5,6 +5,7 @@ runtime there is none, and results are stored as values)."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 from functools import partial
 
@@ -18,7 +19,22 @@ else:
 
 
 class Undeliverable(Exception):
-    """Raised by `Results.encode`: the result cannot be handed back at all, so it must not be stored."""
+    """Raised by `Results.encode`: the runtime cannot send the result; `kind` names the type it refused (a type's
+    name, never content). The handler ran: the key is completed without a result, so copies do not run again."""
+
+    def __init__(self, kind: str = "?") -> None:
+        super().__init__(kind)
+        self.kind = kind
+
+
+_REFUSED_TYPE = re.compile(r"type '?([A-Za-z_][A-Za-z0-9_.]{0,120})'? is not JSON serializable")
+
+
+def refused(error: BaseException, value: Any) -> Undeliverable:
+    """The `Undeliverable` for the runtime marshaller's `error` about `value`: the type its message names (the
+    json encoder's words, "Object of type X is not JSON serializable"), else the value's own type."""
+    found = _REFUSED_TYPE.search(str(error))
+    return Undeliverable(found.group(1) if found else type(value).__name__)
 
 
 class Results(Protocol):
@@ -110,8 +126,8 @@ class Values:
             return value, codec.encode(value)
         try:
             text = self.marshal(value)[0]
-        except Exception:
-            raise Undeliverable from None
+        except Exception as error:
+            raise refused(error, value) from None
         return value, codec.encode(value if self.shape is None else self.shape(value, text))
 
     def decode(self, encoded: Any) -> Any:
@@ -160,8 +176,8 @@ def runtime_results() -> Any:
             try:
                 text, _content_type = marshal(value)
                 data = text if isinstance(text, bytes) else text.encode("utf-8")  # as the runtime sends it
-            except Exception:
-                raise Undeliverable from None
+            except Exception as error:
+                raise refused(error, value) from None
             if isinstance(text, bytes):
                 return text, codec.pack(codec.BYTES, data)
             return wrap(text), codec.pack(codec.RESPONSE, data)

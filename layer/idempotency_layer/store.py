@@ -31,6 +31,10 @@ _logger = logging.getLogger("idempotency_layer")
 READ_KEYS = 100
 INPROGRESS = "INPROGRESS"
 COMPLETED = "COMPLETED"
+# How DynamoDB words a ValidationException for a key of another shape than the table's (another attribute name or
+# type, a sort key too many or too few): the only refusals of the table check that blame the key schema.
+_SCHEMA_DIFFERS = ("does not match the schema", "One of the required keys was not given a value",
+                   "The number of conditions on the keys is invalid")
 # Answers no retry can change: the table, the role or the request is wrong.
 _PERMANENT = frozenset({
     "AccessDeniedException", "ResourceNotFoundException", "ValidationException", "UnrecognizedClientException",
@@ -141,20 +145,27 @@ class DynamoDBStore:
                 deadline,
             )
         except DynamoDBError as error:
-            if error.code == "ValidationException":
+            # DynamoDB's own words close every verdict (bounded and cleaned by the client; the request holds no
+            # event content), so a refusal this check does not foresee is never dressed as another.
+            said = f"(DynamoDB: {error.code}: {error.message})"
+            if error.code == "ValidationException" and any(words in error.message for words in _SCHEMA_DIFFERS):
                 sort = f"IDEMPOTENCY_SORT_KEY_ATTR={a.sort_key!r}" if a.sort_key else "IDEMPOTENCY_SORT_KEY_ATTR unset"
                 raise IdempotencyConfigurationError(
                     f"table {self.table!r} does not have the key these settings describe (IDEMPOTENCY_KEY_ATTR="
-                    f"{a.key!r} as a string partition key, {sort}): {error.code}"
+                    f"{a.key!r} as a string partition key, {sort}) {said}"
+                ) from None
+            if error.code == "ValidationException":
+                raise IdempotencyConfigurationError(
+                    f"IDEMPOTENCY_TABLE={self.table!r}: DynamoDB refused the table check {said}"
                 ) from None
             if error.code == "ResourceNotFoundException":
                 raise IdempotencyConfigurationError(
-                    f"IDEMPOTENCY_TABLE={self.table!r}: no such table in this account and region"
+                    f"IDEMPOTENCY_TABLE={self.table!r}: no such table in this account and region {said}"
                 ) from None
             if error.code in ("AccessDeniedException", "UnrecognizedClientException"):
                 raise IdempotencyConfigurationError(
-                    f"IDEMPOTENCY_TABLE={self.table!r}: the function's role may not read the table ({error.code}); "
-                    "it needs dynamodb:PutItem, GetItem, UpdateItem and DeleteItem on it"
+                    f"IDEMPOTENCY_TABLE={self.table!r}: the function's role may not read the table; it needs "
+                    f"dynamodb:PutItem, GetItem, UpdateItem and DeleteItem on it {said}"
                 ) from None
             self._unverified = f"{error.code}: {error.message}"
         except Exception as error:

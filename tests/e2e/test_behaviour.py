@@ -285,15 +285,25 @@ def test_result_that_cannot_be_stored(primary: str, environments: Environments, 
     assert record["status"] == {"S": "COMPLETED"}
 
 
-def test_unmarshallable_result_is_not_stored(primary: str, environments: Environments, shared_table: str,
-                                             executions: Executions, ddb_client: Any) -> None:
-    env = environments.shared(primary, shared_table)
+@pytest.mark.parametrize("cache", ["no cache", "local cache"])
+def test_a_result_the_runtime_cannot_send_is_completed_and_never_run_again(
+        primary: str, environments: Environments, shared_table: str, executions: Executions, ddb_client: Any,
+        cache: str) -> None:
+    """Issue 29: the handler charged, returned a value the runtime cannot send; the claim used to be released and
+    each copy charged again."""
+    settings = {"IDEMPOTENCY_LOCAL_CACHE_SIZE": "8"} if cache == "local cache" else {}
+    env = environments.shared(primary, shared_table, settings)
+    other = environments.shared(primary, shared_table, {**settings, "IDEMPOTENCY_LOG_LEVEL": "INFO"})
     event = {"marker": marker(), "action": "unmarshallable"}
     first = env.invoke(event)
-    assert first.error_type == "Runtime.MarshalError", first.body
-    assert get_record(ddb_client, shared_table, record_id(event)) is None
-    assert env.invoke(event).error_type == "Runtime.MarshalError"
-    assert executions.count(event["marker"]) == 2
+    assert first.error_type == "Runtime.MarshalError", first.body  # the runtime's own error, as without the layer
+    record = get_record(ddb_client, shared_table, record_id(event))
+    assert record["status"] == {"S": "COMPLETED"}
+    assert (record["result_format"], record["result"]) == ({"S": "undeliverable"}, {"S": "object"})
+    for copy in (env.invoke(event), env.invoke(event), other.invoke(event)):
+        assert copy.error_type == "IdempotencyResultUndeliverableError", copy.body
+        assert "could not send the result its handler returned (of type object" in copy.error_message
+    assert executions.count(event["marker"]) == 1
 
 
 def test_dynamodb_down_fails_closed(primary: str, make_env: Any, executions: Executions,
@@ -355,6 +365,21 @@ def test_bad_setting_fails_init(primary: str, make_env: Any, shared_table: str, 
         assert value in answer.error_message
     assert executions.count(event["marker"]) == 0
     assert env.invoke(event).error_type == "IdempotencyConfigurationError"  # every init fails the same way
+
+
+def test_a_mistyped_key_setting_fails_init_instead_of_keying_on_the_whole_event(
+        primary: str, make_env: Any, shared_table: str, executions: Executions) -> None:
+    """Issue 29: IDEMPOTENCY_KEY_JMESPAHT (sic) used to be ignored, the key fell back to the whole event, and two
+    retries that differed only in requestedAt both charged."""
+    env = make_env(primary, shared_table, {"IDEMPOTENCY_KEY_JMESPAHT": "paymentId"})
+    mark = marker()
+    retries = [{"marker": mark, "action": "random", "paymentId": "p-1", "requestedAt": at} for at in ("10:00", "10:01")]
+    for event in retries:
+        answer = env.invoke(event)
+        assert answer.error_type == "IdempotencyConfigurationError", answer.body
+        assert answer.error_message.startswith("IDEMPOTENCY_KEY_JMESPAHT is set, but it is not a setting of this "
+                                               "layer (did you mean IDEMPOTENCY_KEY_JMESPATH?)")
+    assert executions.count(mark) == 0
 
 
 @pytest.mark.parametrize(("handler", "error_type", "named"), [

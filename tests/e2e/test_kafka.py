@@ -30,7 +30,7 @@ from tests.support.rie import Invocation, LambdaEnvironment
 
 KAFKA_CONSUMER = "kafka_consumer.handler"
 VALUE_KEY = {"IDEMPOTENCY_KEY_JMESPATH": "powertools_json(powertools_base64(value)).marker"}
-EXAMPLES = int(os.environ.get("IDEMPOTENCY_PROPERTY_EXAMPLES", "60")) // 2
+EXAMPLES = int(os.environ.get("IDEMLAYER_PROPERTY_EXAMPLES", "60")) // 2
 # Offsets no other test uses: a record's default key is its cluster, topic, partition and offset.
 _offsets = itertools.count(int(time.time()) * 1000)
 

@@ -13,7 +13,7 @@ partition, a later offset, so only IDEMPOTENCY_KEY_JMESPATH on the value tells t
 first execution (the consumer reports them; their partition stops there). Once every partition's committed
 offset reaches its end, the consumer's own side effects must show each order done exactly once.
 
-The default run is small; IDEMPOTENCY_QUEUE_SOAK=<orders> soaks with that many orders.
+The default run is small; IDEMLAYER_QUEUE_SOAK=<orders> soaks with that many orders.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from tests.support.kafka_log import EventSourceMapping, PartitionedLog
 
 KAFKA_CONSUMER = "kafka_consumer.handler"
 SETTINGS = {"IDEMPOTENCY_KEY_JMESPATH": "powertools_json(powertools_base64(value)).marker"}
-ORDERS = int(os.environ.get("IDEMPOTENCY_QUEUE_SOAK") or 60)
+ORDERS = int(os.environ.get("IDEMLAYER_QUEUE_SOAK") or 60)
 PARTITIONS = 4
 ENVIRONMENTS = 2
 BATCH_SIZE = 10

@@ -17,7 +17,7 @@ from tests.e2e.conftest import APPS, Environments, Executions, marker, same_as_f
 sys.path.insert(0, str(APPS))
 from values import Colour, Point, Row
 
-EXAMPLES = int(os.environ.get("IDEMPOTENCY_PROPERTY_EXAMPLES", "60")) // 2
+EXAMPLES = int(os.environ.get("IDEMLAYER_PROPERTY_EXAMPLES", "60")) // 2
 
 _text = st.text(st.characters(codec="utf-8"), max_size=10)
 _keys = st.one_of(_text, st.just(Colour.RED), _text.map(str.encode), st.integers(-(2**70), 2**70), st.booleans(),

@@ -8,7 +8,7 @@ messages, invokes its environment with the SQS event Lambda would build, and del
 delete: nothing when the invocation failed, else every message but the `batchItemFailures`. Once the queue
 is drained, the consumer's own side effects must show each order done exactly once.
 
-The default run is small; IDEMPOTENCY_QUEUE_SOAK=<orders> soaks with that many orders per queue kind.
+The default run is small; IDEMLAYER_QUEUE_SOAK=<orders> soaks with that many orders per queue kind.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ CONSUMER = "consumer.handler"
 SETTINGS = {"IDEMPOTENCY_KEY_JMESPATH": "json_parse(body).marker", "IDEMPOTENCY_LOG_LEVEL": "INFO"}
 BUSY = "its record is reported as failed"
 REGION = CREDENTIALS["AWS_REGION"]
-ORDERS = int(os.environ.get("IDEMPOTENCY_QUEUE_SOAK") or 60)
+ORDERS = int(os.environ.get("IDEMLAYER_QUEUE_SOAK") or 60)
 ENVIRONMENTS = 3
 VISIBILITY_TIMEOUT = 2  # seconds: failed and blocked messages come back quickly
 BATCH_SIZE = 10  # Lambda's default for SQS, and ReceiveMessage's maximum

@@ -29,7 +29,7 @@ from tests.support import http_events
 sys.path.insert(0, str(APPS))
 from values import Colour, Point, Row
 
-EXAMPLES = max(4, int(os.environ.get("IDEMPOTENCY_PROPERTY_EXAMPLES", "60")) // 4)
+EXAMPLES = max(4, int(os.environ.get("IDEMLAYER_PROPERTY_EXAMPLES", "60")) // 4)
 PROPERTY = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                            HealthCheck.data_too_large])

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WRAPPER = ROOT / "wrapper" / "idempotency-wrapper"
 # build.sh's WHEEL_CACHE, so both fill and reuse one cache.
 WHEEL_CACHE = Path(
-    os.environ.get("IDEMPOTENCY_WHEEL_CACHE")
+    os.environ.get("IDEMLAYER_WHEEL_CACHE")
     or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "idempotency-layer" / "wheels"
 )
 FUNCTION = "wheel-e2e"

@@ -257,13 +257,28 @@ def doctor(env: dict[str, str], *args: str) -> tuple[int, dict[str, dict], str]:
 def test_doctor_passes_on_a_good_table_and_touches_nothing_else(env, ddb_client, table):
     foreign = {"id": {"S": "someone-else#1"}, "status": {"S": "COMPLETED"}, "expires_at": {"N": "1"}}
     ddb_client.put_item(TableName=table, Item=foreign)
-    status, checks, text = doctor({**env, "AWS_LAMBDA_EXEC_WRAPPER": "/opt/idempotency-wrapper"})
+    status, checks, text = doctor({**env, "AWS_LAMBDA_EXEC_WRAPPER": "/opt/idempotency-wrapper",
+                                   "IDEMPOTENCY_KEY_JMESPATH": "orderId"})
     assert status == 0, text
-    assert "0 failed, 0 warning(s), 11 passed" in text
-    for name in ("settings", "wrapper", "credentials", "table", "key schema", "ttl", "permission PutItem",
+    assert "0 failed, 0 warning(s), 12 passed" in text
+    assert "PASS key: IDEMPOTENCY_KEY_JMESPATH='orderId' (an event it selects nothing from runs unguarded)" in text
+    for name in ("settings", "key", "wrapper", "credentials", "table", "key schema", "ttl", "permission PutItem",
                  "permission UpdateItem", "permission GetItem", "permission DeleteItem", "permission BatchGetItem"):
         assert checks[name]["status"] == "PASS", checks[name]
     assert ddb_client.scan(TableName=table)["Items"] == [foreign]  # the probes are gone, nothing else changed
+
+
+def test_doctor_shows_the_key_rule_and_warns_on_the_whole_event_default(env):
+    """Issue 29: doctor said `PASS settings: valid` and never showed the key expression."""
+    status, checks, text = doctor({**env, "AWS_LAMBDA_EXEC_WRAPPER": "/opt/idempotency-wrapper"})
+    assert status == 0
+    assert checks["key"]["status"] == "WARN"
+    assert "WARN key: IDEMPOTENCY_KEY_JMESPATH is unset: a whole event is keyed on all of it" in text
+    assert ("     fix: set IDEMPOTENCY_KEY_JMESPATH to what names the operation (e.g. paymentId) and "
+            "IDEMPOTENCY_REQUIRE_KEY=true") in text
+    _, checks, text = doctor(env, "--key-jmespath", "paymentId", "--require-key", "true")
+    assert checks["key"]["status"] == "PASS"
+    assert "PASS key: IDEMPOTENCY_KEY_JMESPATH='paymentId' (required)" in text
 
 
 def test_doctor_warns_on_a_table_without_ttl_and_strict_fails(env, ddb_client):
@@ -285,7 +300,7 @@ def test_doctor_warns_on_a_table_without_ttl_and_strict_fails(env, ddb_client):
         assert run(env, "doctor", "--table", name, "--strict",
                    "--set", "IDEMPOTENCY_TTL_SECONDS=60").returncode == 1  # the wrapper warning still counts
         assert doctor({**env, "AWS_LAMBDA_EXEC_WRAPPER": "/opt/idempotency-wrapper"}, "--table", name,
-                      "--strict")[0] == 0
+                      "--strict", "--key-jmespath", "orderId")[0] == 0
     finally:
         ddb_client.delete_table(TableName=name)
 

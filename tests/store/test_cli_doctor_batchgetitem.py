@@ -8,7 +8,8 @@ from tests.store.test_cli_commands import Denying, cli_env, doctor
 
 def test_a_role_without_batchgetitem_is_a_warning_with_its_fix(layer_env, table, ddb_client):
     with Denying(layer_env.endpoint, "BatchGetItem") as proxy:
-        env = {**cli_env(proxy.endpoint, table), "AWS_LAMBDA_EXEC_WRAPPER": "/opt/idempotency-wrapper"}
+        env = {**cli_env(proxy.endpoint, table), "AWS_LAMBDA_EXEC_WRAPPER": "/opt/idempotency-wrapper",
+               "IDEMPOTENCY_KEY_JMESPATH": "orderId"}
         status, checks, text = doctor(env)
         strict, _, _ = doctor(env, "--strict")
     assert "BatchGetItem" in proxy.seen
@@ -18,7 +19,7 @@ def test_a_role_without_batchgetitem_is_a_warning_with_its_fix(layer_env, table,
                                                                           "DeleteItem"))
     assert "WARN permission BatchGetItem: AccessDeniedException on probe key orders#doctor-probe-" in text
     assert f"fix: grant the function's role dynamodb:BatchGetItem on table '{table}'" in text
-    assert "0 failed, 1 warning(s), 10 passed" in text
+    assert "0 failed, 1 warning(s), 11 passed" in text
     left = ddb_client.scan(TableName=table, ConsistentRead=True)["Items"]
     assert not [item for item in left if item["id"]["S"].startswith("orders#doctor-probe-")]  # probes removed
 

@@ -58,7 +58,7 @@ def make_function(deployed: dict[str, Any], name: str, table: str, good: bool) -
     lam = deployed["lambda"]
     variables = {"IDEMPOTENCY_TABLE": table}
     if good:
-        variables["AWS_LAMBDA_EXEC_WRAPPER"] = WRAPPER
+        variables.update(AWS_LAMBDA_EXEC_WRAPPER=WRAPPER, IDEMPOTENCY_KEY_JMESPATH="orderId")
     lam.create_function(FunctionName=name, Runtime="python3.12", Role=deployed["role"], Handler="app.handler",
                         Code={"ZipFile": _zip()}, Timeout=30, Layers=[deployed["layer"]] if good else [],
                         Environment={"Variables": variables})
@@ -88,6 +88,7 @@ def test_doctor_passes_a_function_set_up_right(moto, deployed, layer_env, table)
     said = {check["name"]: check["detail"] for check in checks}
     assert said["layer"] == f"attached: {deployed['layer']}"
     assert said["settings"].startswith(f"valid: table {table}, key prefix 'orders'")
+    assert said["key"].startswith("IDEMPOTENCY_KEY_JMESPATH='orderId'")  # the function's own, not the shell's
     assert said["timeout"] == "30 s"
     mappings = [check["detail"] for check in checks if check["name"].startswith("mapping")]
     assert "visibility timeout 180 s >= 6 x the 30 s timeout" in mappings

@@ -36,7 +36,7 @@ from idempotency_layer.store import COMPLETED, INPROGRESS, DynamoDBStore
 from tests.support import emf
 from tests.support.dynamodb_local import create_table
 
-EXAMPLES = int(os.environ.get("IDEMPOTENCY_PROPERTY_EXAMPLES", "60"))  # a longer run is a variable away
+EXAMPLES = int(os.environ.get("IDEMLAYER_PROPERTY_EXAMPLES", "60"))  # a longer run is a variable away
 PROPERTY = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                            HealthCheck.data_too_large])
@@ -269,6 +269,27 @@ def test_init_check_is_one_get_item(store, proxy, sort_key_table, transport):
     proxy.reset()
     DynamoDBStore(transport, sort_key_table, Attributes(key="pk", sort_key="sk"), "P").verify()
     assert proxy.snapshot()[0] == {"GetItem": 1}
+
+
+def test_init_errors_say_what_dynamodb_said_and_blame_the_key_schema_only_when_it_differs(transport, table_name,
+                                                                                          sort_key_table):
+    """Issue 29: a table ARN DynamoDB refused was reported as a key schema that differs, without DynamoDB's words."""
+    arn = "arn:aws:dynamodb:us-east-1:123456789012:table/no-such-table-here"
+    seen = {}
+    for name, table, attributes in [("arn", arn, Attributes()), ("missing", "no-such-table-here", Attributes()),
+                                    ("schema", table_name, Attributes(sort_key="sk")),
+                                    ("schema, sort key", sort_key_table, Attributes())]:
+        with pytest.raises(IdempotencyConfigurationError) as raised:
+            DynamoDBStore(transport, table, attributes, "P" if attributes.sort_key else None).verify()
+        seen[name] = str(raised.value)
+    for name, message in seen.items():
+        assert "(DynamoDB: " in message and message.endswith(")") and "\n" not in message, (name, message)
+    assert "does not have the key these settings describe" in seen["schema"]
+    assert "(DynamoDB: ValidationException: " in seen["schema"]
+    assert "does not have the key these settings describe" in seen["schema, sort key"]
+    assert "no such table" in seen["missing"] and "ResourceNotFoundException" in seen["missing"]
+    # DynamoDB Local takes no ARN for a table name; whatever it says, it is said, and no key schema is blamed.
+    assert "key these settings describe" not in seen["arn"], seen["arn"]
 
 
 class Flaky:

@@ -18,6 +18,7 @@ from idempotency_layer.errors import (
     IdempotencyAlreadyInProgressError,
     IdempotencyClaimConflictError,
     IdempotencyResultTooLargeError,
+    IdempotencyResultUndeliverableError,
 )
 from idempotency_layer.invocation import Invocation
 from idempotency_layer.store import COMPLETED
@@ -125,15 +126,18 @@ def test_claim_lasts_the_remaining_time_plus_the_skew_margin(store):
 
 class Refusing(ValueResults):
     def encode(self, value):
-        raise Undeliverable
+        raise Undeliverable("Thing")
 
 
-def test_refused_result_is_released_not_stored(store):
+def test_a_result_that_cannot_be_sent_is_completed_and_copies_are_told_why(store):
     cycle = Cycle(store, ttl_seconds=3600, results=Refusing())
     handler = Handler({"when": object()})
     outcome = cycle.run(Invocation(LONG), KEY, handler)
-    assert outcome.value is handler.result
-    assert store.get(KEY) is None
+    assert outcome.value is handler.result  # handed back: the runtime reports its own error for it
+    assert store.get(KEY).result == codec.Encoded(codec.UNDELIVERABLE, "Thing")
+    with pytest.raises(IdempotencyResultUndeliverableError, match=r"\(of type Thing: Runtime.MarshalError\)"):
+        cycle.run(Invocation(LONG), KEY, handler)
+    assert len(handler.calls) == 1
 
 
 def test_too_large_result_runs_once_and_replays_raise(store):

@@ -36,7 +36,7 @@ from tests.support.inprocess import Context, Function
 
 FUNCTION = "shop"
 # Each example is a few invocations against DynamoDB Local: half the suite's usual count, a longer run a variable away
-EXAMPLES = max(10, int(os.environ.get("IDEMPOTENCY_PROPERTY_EXAMPLES", "60")) // 2)
+EXAMPLES = max(10, int(os.environ.get("IDEMLAYER_PROPERTY_EXAMPLES", "60")) // 2)
 PROPERTY = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
 COUNTED = ("FirstExecutions", "Replays", "LocalCacheReplays", "InProgressConflicts", "Waits", "WaitsReplayed",

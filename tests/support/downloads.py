@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-CACHE = Path(os.environ.get("IDEMPOTENCY_TEST_CACHE", Path.home() / ".cache" / "idempotency-layer-tests"))
+CACHE = Path(os.environ.get("IDEMLAYER_TEST_CACHE", Path.home() / ".cache" / "idempotency-layer-tests"))
 PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 
 

@@ -14,7 +14,7 @@ from idempotency_layer.errors import IdempotencyKeyError
 from idempotency_layer.sources import batch
 from tests.support import events
 
-EXAMPLES = int(os.environ.get("IDEMPOTENCY_PROPERTY_EXAMPLES", "60"))
+EXAMPLES = int(os.environ.get("IDEMLAYER_PROPERTY_EXAMPLES", "60"))
 
 
 def test_an_sqs_batch_is_parsed_with_its_message_ids():

@@ -69,6 +69,22 @@ def test_a_bad_setting_gives_inits_message_in_one_line(capsys, tmp_path):
     assert err == f"idempotency-layer: {init.value}\n"
 
 
+@pytest.mark.parametrize("where", ["--set", "environment"])
+def test_a_mistyped_setting_name_fails_the_cli_as_it_fails_init(capsys, tmp_path, monkeypatch, where):
+    event = tmp_path / "event.json"
+    event.write_text('{"ttl": 5}')
+    arguments = ["key", "--event", str(event), "--function-name", "orders"]
+    if where == "--set":
+        arguments += ["--set", "IDEMPOTENCY_TTL=5"]
+    else:
+        monkeypatch.setenv("IDEMPOTENCY_TTL", "5")
+    assert main(arguments) == 2
+    assert capsys.readouterr().err == (
+        "idempotency-layer: IDEMPOTENCY_TTL is set, but it is not a setting of this layer (did you mean "
+        "IDEMPOTENCY_TTL_SECONDS?); a misspelled setting would be ignored, so init fails (the README lists every "
+        "setting)\n")
+
+
 def test_whole_event_key_is_the_layers():
     config = settings(IDEMPOTENCY_KEY_JMESPATH="orderId", IDEMPOTENCY_PAYLOAD_JMESPATH="amount")
     facts = derive(config, {"orderId": "o-1", "amount": 5})
@@ -76,6 +92,29 @@ def test_whole_event_key_is_the_layers():
     assert facts["source"] == "event"
     assert keys_of(facts) == [deriver.key({"orderId": "o-1"})]
     assert facts["entries"][0]["fingerprint"] == deriver.fingerprint({"amount": 5})
+
+
+def test_key_says_where_the_key_came_from_the_expression_or_a_default():
+    """Issue 29: `key --event` printed `source: whole event` for both paymentId and the default."""
+    order = {"paymentId": "p-1", "requestedAt": "10:00"}
+    rules = {
+        None: "the whole event (the default: IDEMPOTENCY_KEY_JMESPATH is unset)",
+        "paymentId": "IDEMPOTENCY_KEY_JMESPATH='paymentId'",
+    }
+    for expression, said in rules.items():
+        config = settings(**({"IDEMPOTENCY_KEY_JMESPATH": expression} if expression else {}))
+        facts = derive(config, order)
+        assert facts["rule"] == said
+        assert key_text(facts)[:2] == ["source: whole event", f"key from: {said}"]
+    batch = events.sqs_event([events.json_message({"orderId": "a"})])
+    assert derive(settings(), batch)["rule"] == (
+        "each record's delivery identity (the default: IDEMPOTENCY_KEY_JMESPATH is unset)")
+    assert derive(settings(IDEMPOTENCY_KEY_JMESPATH="json_parse(body).orderId"), batch)["rule"] == (
+        "IDEMPOTENCY_KEY_JMESPATH='json_parse(body).orderId', applied to each record")
+    request = http_events.rest("POST", "/orders", {"Idempotency-Key": "k-1"}, "{}")
+    assert derive(settings(), request)["rule"] == "the Idempotency-Key header"
+    assert derive(settings(IDEMPOTENCY_KEY_JMESPATH="body"), request)["rule"] == (
+        "the Idempotency-Key header, else IDEMPOTENCY_KEY_JMESPATH='body'")
 
 
 def test_whole_event_without_a_key_says_why():
@@ -239,3 +278,49 @@ def test_batch_copy_with_another_payload_is_flagged_as_the_layer_fails_it():
     assert facts["entries"][1]["same_as"] == 0
     assert facts["entries"][1]["reason"].startswith("reported as failed")
     assert "reported as failed" in "\n".join(key_text(facts))
+
+
+def _bare_cli(tmp_path, *arguments: str, modules: tuple[str, ...] = (), **env: str):
+    """The CLI in a Python without site-packages: the layer's package and only `modules` importable."""
+    import importlib
+
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    for name in modules:
+        origin = Path(importlib.import_module(name).__file__)
+        if origin.name == "__init__.py":
+            (site / name).symlink_to(origin.parent, target_is_directory=True)
+        else:
+            (site / origin.name).symlink_to(origin)
+    clean = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "PYTHONPATH": f"{ROOT / 'layer'}:{site}",
+             "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), **env}
+    return subprocess.run([sys.executable, "-S", "-m", "idempotency_layer", *arguments], env=clean,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.mark.parametrize(("modules", "said"), [
+    ((), "idempotency-layer: the module 'orjson' is missing: from an unzipped layer, put "
+         "opt/python/lib/python3.X/site-packages on PYTHONPATH"),
+    (("orjson",), "idempotency-layer: the module 'jmespath' is missing: install it (pip install jmespath; boto3 "
+                  "brings it)"),
+])
+def test_a_missing_module_is_a_setting_problem_with_its_fix(tmp_path, modules, said):
+    event = tmp_path / "event.json"
+    event.write_text('{"orderId": "o-1"}')
+    done = _bare_cli(tmp_path, "key", "--event", str(event), "--function-name", "orders", "--key-jmespath",
+                     "orders[0].id", modules=modules)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(said) and done.stderr.count("\n") == 1, done.stderr
+
+
+@pytest.mark.parametrize(("arguments", "said"), [
+    ((), "idempotency-layer: no AWS Region is set: set AWS_REGION, or pass --region\n"),
+    (("--region", "eu-west-1", "--endpoint-url", "localhost:8000"),
+     "idempotency-layer: the DynamoDB endpoint 'localhost:8000' is not a URL: give it with its scheme "
+     "(--endpoint-url http://localhost:8000, https://dynamodb.eu-west-1.amazonaws.com)\n"),
+])
+def test_no_region_or_an_endpoint_without_a_scheme_is_exit_2_with_the_fix(tmp_path, arguments, said):
+    done = _bare_cli(tmp_path, "show", "orders#k", "--table", "orders-table", "--function-name", "orders", *arguments,
+                     modules=("orjson", "jmespath", "botocore", "dateutil", "urllib3", "six"),
+                     AWS_ACCESS_KEY_ID="AKIDEXAMPLE", AWS_SECRET_ACCESS_KEY="secret")
+    assert (done.returncode, done.stderr) == (2, said)

@@ -216,3 +216,41 @@ def test_caller_headers_under_http_off_fail_init_instead_of_being_ignored():
         load(settings)
     assert load({**settings, "IDEMPOTENCY_HTTP": "auto"}).caller_headers == ("authorization",)
     assert load({**settings, "IDEMPOTENCY_CALLER_HEADERS": " "}).http is False
+
+
+@pytest.mark.parametrize(("name", "meant"), [
+    ("IDEMPOTENCY_KEY_JMESPAHT", "IDEMPOTENCY_KEY_JMESPATH"),  # the key would fall back to the whole event
+    ("IDEMPOTENCY_TTL", "IDEMPOTENCY_TTL_SECONDS"),
+    ("IDEMPOTENCY_WAIT", "IDEMPOTENCY_WAIT_SECONDS"),
+    ("IDEMPOTENCY_REQUIREKEY", "IDEMPOTENCY_REQUIRE_KEY"),
+    ("IDEMPOTENCY_PAYLOAD_JMESPAT", "IDEMPOTENCY_PAYLOAD_JMESPATH"),
+    ("IDEMPOTENCY_TABEL", "IDEMPOTENCY_TABLE"),
+    ("idempotency_key_jmespath", "IDEMPOTENCY_KEY_JMESPATH"),  # names are case-sensitive: this one is not read
+])
+def test_a_mistyped_name_fails_init_naming_it_and_what_was_meant(name, meant):
+    with pytest.raises(IdempotencyConfigurationError) as raised:
+        load({**BASE, name: "paymentId"})
+    message = str(raised.value)
+    assert message.startswith(f"{name} is set, but it is not a setting of this layer (did you mean {meant}?)")
+    assert "paymentId" not in message  # a value may be anything; the name is what is wrong
+
+
+@pytest.mark.parametrize("name", ["IDEMPOTENCY_FOO", "IDEMPOTENCY_KEY", "IDEMPOTENCY_TIMEOUT"])
+def test_an_unknown_name_with_no_clear_match_fails_init_without_a_guess(name):
+    # IDEMPOTENCY_KEY could be four settings, IDEMPOTENCY_TIMEOUT two: no guess is better than a wrong one.
+    with pytest.raises(IdempotencyConfigurationError, match=f"^{name} is set, but it is not a setting of this "
+                                                            "layer; a misspelled setting"):
+        load({**BASE, name: "x"})
+
+
+def test_names_the_wrapper_and_the_cli_set_are_allowed_and_a_blank_unknown_name_is_unset():
+    settings = {**BASE, "IDEMPOTENCY_NEXT_WRAPPER": "/opt/other", "IDEMPOTENCY_WRAPPER_CHAINED": "1",
+                "IDEMPOTENCY_CLI_TRACEBACK": "1", "IDEMPOTENCY_UNUSED": "  "}
+    assert load(settings).table == "orders"
+    # Another prefix is none of the layer's business (Powertools' own, for one).
+    assert load({**BASE, "POWERTOOLS_IDEMPOTENCY_DISABLED": "true", "MY_IDEMPOTENCY_KEY": "x"}).disabled is False
+
+
+def test_a_mistyped_name_fails_even_when_the_layer_is_disabled():
+    with pytest.raises(IdempotencyConfigurationError, match="did you mean IDEMPOTENCY_KEY_JMESPATH"):
+        load({**BASE, "IDEMPOTENCY_DISABLED": "true", "IDEMPOTENCY_KEY_JMESPAHT": "orderId"})

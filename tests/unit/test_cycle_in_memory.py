@@ -19,6 +19,7 @@ from idempotency_layer.errors import (
     IdempotencyPayloadMismatchError,
     IdempotencyPersistenceLayerError,
     IdempotencyResultTooLargeError,
+    IdempotencyResultUndeliverableError,
 )
 from idempotency_layer.invocation import Invocation
 from idempotency_layer.metrics import Tally
@@ -98,17 +99,20 @@ def test_a_handler_that_raises_releases_and_its_retry_runs(world):
     assert cycle.run(Invocation(LONG), KEY, world.handler("placed")) == ("placed", False)
 
 
-def test_a_value_keep_refuses_or_that_cannot_be_delivered_is_released(world):
+def test_a_value_keep_refuses_is_released_and_one_that_cannot_be_sent_completed(world):
     cycle = world.cycle()
     assert cycle.run(Invocation(LONG), KEY, world.handler({"statusCode": 503}), keep=lambda v: False).value
     assert world.record() is None
 
     class Refusing(ValueResults):
         def encode(self, value: Any) -> Any:
-            raise Undeliverable
+            raise Undeliverable("datetime")
 
     assert cycle.run(Invocation(LONG), KEY, world.handler("x"), results=Refusing()) == ("x", False)
-    assert world.record() is None and len(world.runs) == 2
+    assert world.record()["result_format"] == {"S": codec.UNDELIVERABLE}
+    with pytest.raises(IdempotencyResultUndeliverableError, match="of type datetime"):
+        cycle.run(Invocation(LONG), KEY, world.handler("again"), results=Refusing())
+    assert len(world.runs) == 2  # the released 503, then the one that cannot be sent: never a third
 
 
 def test_a_result_too_large_completes_and_copies_are_told_why(world):

@@ -35,9 +35,9 @@ def in_the_table() -> set[str]:
 def test_the_settings_table_lists_exactly_what_the_layer_reads():
     table = in_the_table()
     assert len(table) > 20
-    # The wrapper sets these itself; the README says so under the table.
+    # The wrapper sets these itself; the README says so under the table. The CLI's own is documented with it.
     wrappers = {"IDEMPOTENCY_ORIGINAL_HANDLER", "IDEMPOTENCY_WRAPPER_CHAINED"}
-    assert read_by_the_layer() - table == wrappers
+    assert read_by_the_layer() - table - {"IDEMPOTENCY_CLI_TRACEBACK"} == wrappers
     assert table - read_by_the_layer() == set()
     assert ("`IDEMPOTENCY_ORIGINAL_HANDLER` and `IDEMPOTENCY_WRAPPER_CHAINED` are set by the wrapper"
             in (ROOT / "README.md").read_text())
@@ -48,3 +48,16 @@ def test_the_check_sees_what_config_reads():
     found = read_by_the_layer()
     assert {"IDEMPOTENCY_TABLE", "IDEMPOTENCY_SCOPE", "IDEMPOTENCY_STATUS_ATTR", "IDEMPOTENCY_NEXT_WRAPPER",
             "IDEMPOTENCY_BATCH_RESPONSE", "IDEMPOTENCY_DISABLED"} <= found
+
+
+def test_the_names_init_accepts_are_exactly_those_the_layer_reads():
+    """config.NAMES (any other IDEMPOTENCY_* name fails init, issue 29) holds every name the layer, its wrapper and
+    its CLI read, and nothing else."""
+    from idempotency_layer import config
+
+    cli = set()
+    for path in (PACKAGE / "cli").rglob("*.py"):
+        cli |= {node.value for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and NAME.fullmatch(node.value)}
+    assert "IDEMPOTENCY_CLI_TRACEBACK" in cli
+    assert set(config.NAMES) == read_by_the_layer() | cli

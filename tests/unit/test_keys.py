@@ -149,7 +149,7 @@ def test_key_errors_name_no_event_content():
 
 # -- properties -------------------------------------------------------------------------------------------------
 
-EXAMPLES = int(os.environ.get("IDEMPOTENCY_PROPERTY_EXAMPLES", "60"))
+EXAMPLES = int(os.environ.get("IDEMLAYER_PROPERTY_EXAMPLES", "60"))
 _json_values = st.recursive(
     st.one_of(st.none(), st.booleans(), st.integers(), st.integers(-(2**300), 2**300), st.floats(),
               st.text(max_size=8), st.sampled_from([-0.0, 0.0, 1, 1.0, "\ud800", "\x00", float("nan")])),

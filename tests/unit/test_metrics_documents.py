@@ -21,7 +21,7 @@ from idempotency_layer.errors import IdempotencyConfigurationError
 from tests.support import emf
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = int(os.environ.get("IDEMPOTENCY_PROPERTY_EXAMPLES", "60"))
+EXAMPLES = int(os.environ.get("IDEMLAYER_PROPERTY_EXAMPLES", "60"))
 
 
 def _valid() -> dict:

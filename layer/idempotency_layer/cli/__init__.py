@@ -68,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as error:  # a CLI run where the layer's dependencies are not importable
+        from .settings import missing_module
+
+        return _fail(missing_module(error), 2)
     except BrokenPipeError:  # `... | head`: the reader has gone; stop quietly, as other tools do
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
@@ -111,6 +115,9 @@ def _run(args: Any) -> int:
         try:
             store = settings.store(config, env)
         except Exception as error:
+            problem = settings.client_problem(error, env)
+            if problem is not None:
+                return _fail(problem, 2)
             return _fail(f"the DynamoDB client could not be set up: {type(error).__name__}: {error}", 1)
         return _show(args, store, keys) if args.command == "show" else _purge(args, store, keys)
     except IdempotencyConfigurationError as error:

@@ -92,10 +92,22 @@ def _facts(config: Config, found: Plan) -> dict[str, Any]:
     if found.kind == HTTP:
         # The form and method only: a path, route or query can carry the very data a key must hide.
         return {"source": "http", "form": found.request.form, "method": found.request.method,
-                "entries": [_request(config, found)]}
+                "rule": rule(config, HTTP), "entries": [_request(config, found)]}
     if found.kind == BATCH:
-        return _batch(config, found)
-    return {"source": "event", "entries": [_whole(config, found)]}
+        return {**_batch(config, found), "rule": rule(config, BATCH)}
+    return {"source": "event", "rule": rule(config, None), "entries": [_whole(config, found)]}
+
+
+def rule(config: Config, kind: str | None) -> str:
+    """Where a key of `kind` (HTTP, BATCH, None: a whole event) comes from under `config`, and whether that is the
+    key expression or a default."""
+    expression = f"IDEMPOTENCY_KEY_JMESPATH={config.key_jmespath!r}" if config.key_jmespath else None
+    if kind == HTTP:
+        return f"the {config.key_header} header" + (f", else {expression}" if expression else "")
+    if kind == BATCH:
+        return (f"{expression}, applied to each record" if expression
+                else "each record's delivery identity (the default: IDEMPOTENCY_KEY_JMESPATH is unset)")
+    return expression or "the whole event (the default: IDEMPOTENCY_KEY_JMESPATH is unset)"
 
 
 def _whole(config: Config, found: Plan) -> dict[str, Any]:
@@ -171,6 +183,8 @@ def text(facts: dict[str, Any]) -> list[str]:
         lines.append("source: whole event")
     elif source == "durable":
         lines.append("source: durable execution")
+    if facts.get("rule"):
+        lines.append(f"key from: {facts['rule']}")
     if facts.get("note"):
         lines.append(f"note: {facts['note']}")
     if facts.get("error"):

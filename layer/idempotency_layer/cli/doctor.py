@@ -2,7 +2,7 @@
 deployed function and its event source mappings), each one line: PASS, WARN or FAIL, with the fix.
 
 Table checks use the layer's own DynamoDB client (it signs any JSON 1.0 operation: DescribeTable,
-DescribeTimeToLive); the four permissions are proven with the layer's own store on a probe key that is
+DescribeTimeToLive); the five permissions are proven with the layer's own store on a probe key that is
 removed again. Only `--function` needs boto3 (the Lambda and SQS APIs)."""
 
 from __future__ import annotations
@@ -351,7 +351,8 @@ def table_checks(config: Any, transport: Any) -> tuple[list[Check], bool]:
             return [Check("table", FAIL, f"no table {table!r} in {transport.region}",
                           f"create it: aws dynamodb create-table --table-name {table} --attribute-definitions "
                           f"AttributeName={a.key},AttributeType=S --key-schema AttributeName={a.key},KeyType=HASH "
-                          "--billing-mode PAY_PER_REQUEST (or set IDEMPOTENCY_TABLE / --table)")], False
+                          "--billing-mode PAY_PER_REQUEST --sse-specification Enabled=true (or set "
+                          "IDEMPOTENCY_TABLE / --table)")], False
         if error.code != "AccessDeniedException":
             return [Check("table", FAIL, f"DescribeTable failed: {error.code}: {error.message}",
                           "retry doctor (a timeout, a throttle or a 5xx passes); else check the Region, the endpoint "
@@ -512,6 +513,7 @@ def run(args: Any, env: dict[str, str]) -> list[Check]:
         return [*checks, Check("settings", FAIL, str(error), "fix the setting it names")]
     checks.append(Check("settings", PASS, f"valid: table {config.table}, key prefix {config.key_prefix!r}, "
                         f"scope {config.scope}"))
+    checks.append(key_check(config))
     if config.disabled:
         checks.append(Check("disabled", WARN, "IDEMPOTENCY_DISABLED is true: the runtime calls the handler directly "
                             "and nothing is stored", "unset IDEMPOTENCY_DISABLED to make the function idempotent"))
@@ -540,8 +542,7 @@ def run(args: Any, env: dict[str, str]) -> list[Check]:
     try:
         transport = _settings.transport(config, env)
     except Exception as error:
-        return [*checks, Check("client", FAIL, f"the DynamoDB client could not be set up: {type(error).__name__}: "
-                               f"{error}", "set AWS_REGION (or --region), the credentials and the endpoint")]
+        return [*checks, _client_failed(error, env)]
     found, probe = table_checks(config, transport)
     checks += found
     if probe:
@@ -550,6 +551,30 @@ def run(args: Any, env: dict[str, str]) -> list[Check]:
         store = DynamoDBStore(transport, config.table, config.attributes, config.partition_value)
         checks += permission_checks(store, config.key_prefix)
     return checks
+
+
+def _client_failed(error: Exception, env: Any) -> Check:
+    problem = _settings.client_problem(error, env)
+    if problem is not None:
+        detail, fix = problem.split(": ", 1)
+        return Check("client", FAIL, detail, fix)
+    return Check("client", FAIL, f"the DynamoDB client could not be set up: {type(error).__name__}: {error}",
+                 "set AWS_REGION (or --region), the credentials and the endpoint")
+
+
+def key_check(config: Any) -> Check:
+    """The key expression in force. The whole-event default is a warning: doctor cannot know which events will
+    come, and a whole event keyed on all of it makes two retries that differ in any field (a timestamp, a trace id)
+    two keys; batch records and HTTP requests have their own rules, for which the default is right."""
+    if config.key_jmespath:
+        require = "required" if config.require_key else "an event it selects nothing from runs unguarded"
+        return Check("key", PASS, f"IDEMPOTENCY_KEY_JMESPATH={config.key_jmespath!r} ({require})")
+    return Check("key", WARN, "IDEMPOTENCY_KEY_JMESPATH is unset: a whole event is keyed on all of it, so two "
+                 "retries that differ in any field (a timestamp, a request id) run twice; right when the function "
+                 f"gets only batch records (keyed by their delivery identity) and HTTP requests (by their "
+                 f"{config.key_header} header)",
+                 "set IDEMPOTENCY_KEY_JMESPATH to what names the operation (e.g. paymentId) and "
+                 "IDEMPOTENCY_REQUIRE_KEY=true")
 
 
 def text(facts: dict[str, Any]) -> list[str]:

@@ -38,6 +38,9 @@ _MEANING = {
     "completed": "copies replay the stored result",
     "completed (too large)": "the result was too large to store: copies raise IdempotencyResultTooLargeError "
                              "and the handler does not run",
+    "completed (undeliverable)": "the runtime could not send the handler's result: copies raise "
+                                 "IdempotencyResultUndeliverableError and the handler does not run (purge to run "
+                                 "it again)",
     "completed (batch record)": "a batch record keeps no result: copies of the record are skipped (reported done, "
                                 "the handler does not see them)",
     "in progress": "a live claim: copies get IdempotencyAlreadyInProgressError (or wait) until it ends",
@@ -48,6 +51,8 @@ _MEANING = {
 def _meaning(found: str, result: codec.Encoded | None) -> str:
     if found == "completed" and result is not None and result.format == codec.TOO_LARGE:
         return "completed (too large)"
+    if found == "completed" and result is not None and result.format == codec.UNDELIVERABLE:
+        return "completed (undeliverable)"
     if found == "completed" and result is not None and result.format == codec.DONE:
         return "completed (batch record)"
     return found
@@ -84,6 +89,8 @@ def _decoded(result: codec.Encoded | None) -> Any:
         return {"none": "no result: a batch record keeps none"}
     if result.format == codec.TOO_LARGE:
         return {"none": "no result: it was too large to store"}
+    if result.format == codec.UNDELIVERABLE:
+        return {"none": f"no result: the runtime could not send the handler's value (of type {clean(result.data)})"}
     from ..results import Values
     from .output import finite
 

@@ -91,3 +91,26 @@ def store(config: _config.Config, env: Mapping[str, str]) -> Any:
     from ..store import DynamoDBStore
 
     return DynamoDBStore(transport(config, env), config.table, config.attributes, config.partition_value)
+
+
+def client_problem(error: BaseException, env: Mapping[str, str]) -> str | None:
+    """The one-line fix for a DynamoDB client that could not be set up because of a setting (exit 2), or None."""
+    if type(error).__name__ == "NoRegionError":  # botocore's, named so that nothing imports botocore for it
+        return "no AWS Region is set: set AWS_REGION, or pass --region"
+    if isinstance(error, ValueError) and str(error).startswith("Invalid endpoint"):
+        endpoint = env.get("AWS_ENDPOINT_URL_DYNAMODB") or env.get("AWS_ENDPOINT_URL") or ""
+        return (f"the DynamoDB endpoint {endpoint!r} is not a URL: give it with its scheme (--endpoint-url "
+                "http://localhost:8000, https://dynamodb.eu-west-1.amazonaws.com)")
+    return None
+
+
+def missing_module(error: ModuleNotFoundError) -> str:
+    """The one-line fix for a module the CLI needs and cannot import."""
+    name = error.name or "?"
+    if name.split(".")[0] == "jmespath":
+        return ("the module 'jmespath' is missing: install it (pip install jmespath; boto3 brings it), or run the "
+                "CLI where boto3 is installed")
+    if name.split(".")[0] == "orjson":
+        return ("the module 'orjson' is missing: from an unzipped layer, put opt/python/lib/python3.X/site-packages "
+                "on PYTHONPATH with the python3.X it was built for (3.10 to 3.14), or pip install orjson")
+    return f"the module {name!r} is missing: install it, or put the package that holds it on PYTHONPATH"

@@ -407,7 +407,7 @@ def answer(request: Request, error: errors.IdempotencyError, key: str, payload_j
     if isinstance(error, errors.IdempotencyAlreadyInProgressError):
         logger.info("%s; answered 409", error, extra=fields(key, "in_progress"))
         return problem(request, 409, str(error), retry_after=1)
-    if isinstance(error, errors.IdempotencyResultTooLargeError):
+    if isinstance(error, (errors.IdempotencyResultTooLargeError, errors.IdempotencyResultUndeliverableError)):
         logger.warning("%s; answered 500", error, extra=fields(key, "replay"))
         return problem(request, 500, str(error))
     if isinstance(error, errors.IdempotencyKeyError):

@@ -1,0 +1,210 @@
+"""./build.sh invoke: your own function under the built layer, locally, in one command (issue 29).
+
+    ./build.sh invoke --code DIR --handler MODULE.FUNCTION --event FILE [--times N] [--env NAME=VALUE ...]
+
+Runs the code in DIR (copied, as Lambda unpacks a zip into /var/task) under AWS's Runtime Interface Emulator and
+`awslambdaric`, with the layer built in dist/ attached through AWS_LAMBDA_EXEC_WRAPPER, against a table in
+DynamoDB Local; sends the event N times (default 2) to one execution environment and prints, for each, the answer,
+what the handler wrote and the layer's line about the invocation (first run, replay, ...); then the record as
+`idempotency-layer show` prints it. No Docker, no SAM CLI, no AWS account. Ports are chosen free; everything it
+starts is stopped when it ends, Ctrl-C included. Exit 0 when every invocation was answered (errors included),
+1 when the environment could not run, 2 for a bad option or event file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "layer")]
+
+from tests.support import downloads  # noqa: E402 (needs the repository root on the path)
+from tests.support.dynamodb_local import DynamoDBLocal, create_table  # noqa: E402
+from tests.support.rie import LambdaEnvironment, lambda_arch  # noqa: E402
+
+TABLE = "idempotency-local"
+FUNCTION = "local-function"
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local", "AWS_REGION": "us-east-1"}
+# What the emulator writes of its own, not the function's.
+_EMULATOR = ("START RequestId:", "END RequestId:", "REPORT RequestId:", "(rapid)", "--- starting RIE")
+
+
+class Usage(Exception):
+    """A bad option or event file (exit 2)."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="./build.sh invoke", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--code", required=True, help="the directory holding your function's code (its zip's "
+                        "contents: modules and vendored packages)")
+    parser.add_argument("--handler", required=True, help="MODULE.FUNCTION, as the function's Handler setting")
+    parser.add_argument("--event", required=True, help="a file holding the event as JSON")
+    parser.add_argument("--times", type=int, default=2, help="how many times to send it (default 2)")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="a variable of the function (IDEMPOTENCY_* settings, your own); repeatable")
+    parser.add_argument("--python", help="the runtime's Python version, e.g. 3.12 (default: 3.12 if found)")
+    parser.add_argument("--timeout", type=int, default=30, help="the function's timeout in seconds (default 30)")
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> dict[str, str]:
+    code, event = Path(args.code), Path(args.event)
+    if not code.is_dir():
+        raise Usage(f"--code {args.code!r} is not a directory")
+    module, dot, function = args.handler.rpartition(".")
+    if not dot or not module or not function:
+        raise Usage(f"--handler {args.handler!r} is not MODULE.FUNCTION")
+    try:
+        json.loads(event.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise Usage(f"--event {args.event!r} cannot be read as JSON: {error}") from None
+    if not 1 <= args.times <= 100:
+        raise Usage(f"--times {args.times} is not from 1 to 100")
+    variables = {}
+    for item in args.env:
+        name, equals, value = item.partition("=")
+        if not equals or not name:
+            raise Usage(f"--env {item!r} is not NAME=VALUE")
+        variables[name] = value
+    return variables
+
+
+def _unzip(zip_path: Path, opt: Path) -> None:
+    """Unzip as Lambda does, keeping the wrapper's mode bits (zipfile alone drops them)."""
+    with zipfile.ZipFile(zip_path) as zf:
+        for info in zf.infolist():
+            path = Path(zf.extract(info, opt))
+            if mode := (info.external_attr >> 16) & 0o777:
+                path.chmod(mode)
+
+
+def _python(wanted: str | None) -> tuple[str, Path]:
+    found = downloads.runtimes()
+    if wanted is not None:
+        if wanted not in found:
+            raise Usage(f"--python {wanted}: no such Python here (found {', '.join(sorted(found))})")
+        return wanted, found[wanted]
+    version = "3.12" if "3.12" in found else max(found, key=lambda v: tuple(map(int, v.split("."))))
+    return version, found[version]
+
+
+def _split(new: str) -> tuple[list[str], list[dict[str, Any]]]:
+    """The handler's own lines and the layer's JSON lines among what the runtime wrote for one invocation."""
+    own, layer = [], []
+    for line in new.splitlines():
+        if not line.strip() or any(mark in line for mark in _EMULATOR):
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            entry = None
+        if isinstance(entry, dict) and entry.get("logger") == "idempotency_layer":
+            layer.append(entry)
+        else:
+            own.append(line)
+    return own, layer
+
+
+def _say_answer(n: int, times: int, answer: Any, new_logs: str) -> None:
+    body = answer.body.decode("utf-8", "replace")
+    print(f"\ninvocation {n} of {times}: HTTP {answer.status} from the emulator")
+    print(f"  answer: {body if len(body) <= 2000 else body[:2000] + f'... ({len(body)} characters)'}")
+    own, layer = _split(new_logs)
+    print("  the handler wrote:" if own else "  the handler wrote nothing")
+    for line in own:
+        print(f"    {line}")
+    for entry in layer:
+        outcome = entry.get("idempotency_outcome")
+        print(f"  layer: {entry.get('level')} {entry.get('message')}" + (f" [{outcome}]" if outcome else ""))
+    if not layer:
+        print("  layer: no line (set IDEMPOTENCY_LOG_LEVEL=DEBUG to see more)")
+
+
+def _show(event: Path, variables: dict[str, str], endpoint: str) -> None:
+    """The record(s) of the event's key(s), as the operator CLI's `show` prints them, with the function's settings."""
+    from idempotency_layer.cli import main as cli
+
+    saved = dict(os.environ)
+    try:
+        os.environ.update({**CREDENTIALS, **variables, "IDEMPOTENCY_TABLE": TABLE,
+                           "AWS_ENDPOINT_URL_DYNAMODB": endpoint, "AWS_LAMBDA_FUNCTION_NAME": FUNCTION})
+        print(f"\nthe record, as `idempotency-layer show --event {event}` prints it:")
+        sys.stdout.flush()
+        cli(["show", "--event", str(event)])
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def run(args: argparse.Namespace) -> int:
+    variables = _settings(args)
+    zip_path = ROOT / "dist" / f"idempotency-layer-{lambda_arch()}.zip"
+    if not zip_path.exists():
+        print(f"{zip_path} is missing: run ./build.sh first", file=sys.stderr)
+        return 1
+    version, python = _python(args.python)
+    work = Path(tempfile.mkdtemp(prefix="idempotency-invoke-"))
+    task, opt = work / "task", work / "opt"
+    shutil.copytree(args.code, task, ignore=shutil.ignore_patterns("__pycache__", ".git"))
+    _unzip(zip_path, opt)
+    ddb, env = DynamoDBLocal(work / "dynamodb.log"), None
+    try:
+        ddb.start()
+        print(f"DynamoDB Local at {ddb.endpoint} (pid {ddb.process.pid if ddb.process else '?'}), table {TABLE}")
+        _table(ddb.endpoint)
+        function_env = {**CREDENTIALS, "AWS_ENDPOINT_URL_DYNAMODB": ddb.endpoint, "IDEMPOTENCY_TABLE": TABLE,
+                        "IDEMPOTENCY_LOG_LEVEL": "INFO", "AWS_LAMBDA_LOG_FORMAT": "JSON", **variables}
+        env = LambdaEnvironment(python=python, task_root=task, opt_dir=opt, handler=args.handler,
+                                env=function_env, timeout=args.timeout, function_name=FUNCTION,
+                                log_path=work / "function.log").start()
+        print(f"the emulator at {env.endpoint} (pid {env.process.pid if env.process else '?'}), Python {version}, "
+              f"handler {args.handler}, the layer {zip_path.relative_to(ROOT)} as /opt")
+        sys.stdout.flush()
+        event = Path(args.event).read_bytes()
+        for n in range(1, args.times + 1):
+            seen = len(env.logs())
+            answer = env.invoke(event)
+            _say_answer(n, args.times, answer, env.logs()[seen:])
+            sys.stdout.flush()
+        _show(Path(args.event), {**variables, "IDEMPOTENCY_LOG_LEVEL": "WARNING"}, ddb.endpoint)
+        print(f"\nlogs and the copied code: {work}")
+        return 0
+    finally:
+        if env is not None:
+            env.stop()
+        ddb.stop()
+
+
+def _table(endpoint: str) -> None:
+    import boto3
+
+    client = boto3.client("dynamodb", endpoint_url=endpoint, region_name=CREDENTIALS["AWS_REGION"],
+                          aws_access_key_id="local", aws_secret_access_key="local")
+    create_table(client, TABLE)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    # SIGTERM as Ctrl-C: the finally clauses stop what was started.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        return run(args)
+    except Usage as error:
+        print(f"./build.sh invoke: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\n./build.sh invoke: interrupted; everything it started is stopped", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
