@@ -122,6 +122,9 @@ if TYPE_CHECKING:
         fail_whole_batch: bool = False  # IDEMPOTENCY_BATCH_RESPONSE=fail: a record that must come back fails the batch
         # "auto": a batch showing redelivery is read first in one BatchGetItem; "always"; "never"
         batch_precheck: str = "auto"
+        # IDEMPOTENCY_POWERTOOLS_HANDLER: the handler as Powertools' @idempotent named it (module.function), whose
+        # records a first run reads too (a migration); None: never read
+        powertools_handler: str | None = None
 else:
     _ConfigFields = namedtuple("Config", (
         "disabled",
@@ -153,7 +156,8 @@ else:
         "region",
         "fail_whole_batch",
         "batch_precheck",
-    ), defaults=(False, "Idempotency", None, None, False, "auto"))
+        "powertools_handler",
+    ), defaults=(False, "Idempotency", None, None, False, "auto", None))
 
 
 class Config(_ConfigFields):
@@ -368,6 +372,7 @@ _PLAIN = (
     ("read_timeout", "IDEMPOTENCY_READ_TIMEOUT", "float", 3.0, (0.05, 60.0)),
     ("max_attempts", "IDEMPOTENCY_MAX_ATTEMPTS", "int", 3, (1, 10)),
     ("batch_precheck", "IDEMPOTENCY_BATCH_PRECHECK", "choice", "auto", _BATCH_PRECHECKS),
+    ("powertools_handler", "IDEMPOTENCY_POWERTOOLS_HANDLER", "text", None, ()),
     ("function_name", "AWS_LAMBDA_FUNCTION_NAME", "text", None, ()),
     ("region", "AWS_REGION", "text", None, ()),
 )
@@ -378,6 +383,27 @@ _DECIDED = (
     ("metrics", "IDEMPOTENCY_METRICS", _METRICS, "off", "emf"),
     ("fail_whole_batch", "IDEMPOTENCY_BATCH_RESPONSE", _BATCH_RESPONSES, "partial", "fail"),
 )
+
+
+_HANDLER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_<>]*)+")
+
+
+def _check_powertools(values: dict[str, Any], attributes: Attributes) -> None:
+    """IDEMPOTENCY_POWERTOOLS_HANDLER names a handler as Powertools did, and the table has Powertools' layout."""
+    handler = values["powertools_handler"]
+    if handler is None:
+        return
+    if not _HANDLER_NAME.fullmatch(handler):
+        raise IdempotencyConfigurationError(
+            f"IDEMPOTENCY_POWERTOOLS_HANDLER={handler!r} is not a handler as Powertools names it: the module and the "
+            "function, e.g. app.handler (module.qualname of the function @idempotent decorated)"
+        )
+    if attributes.sort_key is not None or values["function_name"] is None:
+        raise IdempotencyConfigurationError(
+            "IDEMPOTENCY_POWERTOOLS_HANDLER reads the records of Powertools' DynamoDBPersistenceLayer as it lays them "
+            "out by default: a partition key only (unset IDEMPOTENCY_SORT_KEY_ATTR), its keys prefixed with the "
+            "function's name (AWS_LAMBDA_FUNCTION_NAME, which Lambda sets)"
+        )
 
 
 def _read(env: Mapping[str, str], variable: str, reader: str, default: Any, arguments: Any) -> Any:
@@ -443,6 +469,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
                               for field, variable, reader, default, arguments in _PLAIN}
     values.update((field, _choice(env, variable, default, accepted) == meaning)
                   for field, variable, accepted, default, meaning in _DECIDED)
+    _check_powertools(values, attributes)
     if caller_headers and not values["http"]:
         # Caller headers scope only the requests the layer handles as HTTP: ignored, every caller shares a key.
         raise IdempotencyConfigurationError(

@@ -122,6 +122,22 @@ class Found(_FoundFields):
     __slots__ = ()
 
 
+if TYPE_CHECKING:
+    class _EarlierFields(NamedTuple):
+        said: str
+        completed: bool
+        value: Any = None
+        mismatch: bool = False
+else:
+    _EarlierFields = namedtuple("Earlier", ("said", "completed", "value", "mismatch"), defaults=(None, False))
+
+
+class Earlier(_EarlierFields):
+    """What a record another tool wrote says of a key this layer has just claimed (a migration): its result
+    (`completed`), a live claim of its own, or a payload that differs (`mismatch`); `said` names that record."""
+    __slots__ = ()
+
+
 class Environment:
     """What this execution environment learned and keeps for its life, the cycle's only lasting state: `refusal`,
     set when a completion failed for a reason no retry can change (from then on no handler runs here, since no run
@@ -221,13 +237,16 @@ class Cycle:
         self.environment = Environment()
 
     def run(self, inv: Invocation, key: str, invoke: Callable[[], Any], fingerprint: str | None = None,
-            results: Results | None = None, keep: Callable[[Any], bool] | None = None) -> Outcome:
+            results: Results | None = None, keep: Callable[[Any], bool] | None = None,
+            earlier: Callable[[Deadline], Earlier | None] | None = None) -> Outcome:
         """Run `invoke` once for `key`, or replay the result of the run that did.
 
         The claim lasts what `inv` had left when it started. A result that `results.encode` finds undeliverable is
         not stored, and the claim is released. `fingerprint`, when given, must match the one the key's record was
         claimed with. `results` overrides how this key's result is stored and handed back; a result `keep` refuses
-        is handed back but not stored (the claim is released, so a retry runs again).
+        is handed back but not stored (the claim is released, so a retry runs again). `earlier`, once the claim is
+        ours, reads what another tool's record says of the event (a migration): its result is replayed and kept as
+        ours, its live claim or another payload refused, and the handler runs only when it says nothing.
         """
         results = results or self.results
         self.check()
@@ -249,6 +268,10 @@ class Cycle:
         if isinstance(claimed, Found):
             inv.count("Replays")
             return self._replay(claimed.record, results)
+        if earlier is not None:
+            replayed = self._earlier(inv, key, claimed.owner, earlier, results)
+            if replayed is not None:
+                return replayed
         inv.count("FirstExecutions")
         return Outcome(self._invoke(inv, key, claimed.owner, invoke, results, keep), False)
 
@@ -584,6 +607,34 @@ class Cycle:
         if self.cache is not None:
             self.cache.put(record.key, record.expires_at, result, record.owner)
         return Outcome(value, True)
+
+    def _earlier(self, inv: Invocation, key: str, owner: str, earlier: Callable[[Deadline], Earlier | None],
+                 results: Results) -> Outcome | None:
+        """What another tool's record says of the key we hold: None (run the handler), or its result, replayed
+        and kept as ours. Anything else releases our claim: its live claim, another payload, a failed read."""
+        try:
+            found = inv.request(earlier, _claim_by(inv.deadline))
+        except BaseException:
+            self.release(inv, key, owner)  # it could not be read: whether it ran is unknown, so nothing runs
+            raise
+        if found is None:
+            return None
+        if not found.completed or found.mismatch:
+            self.release(inv, key, owner)
+            if found.mismatch:
+                inv.count("PayloadMismatches")
+                raise IdempotencyPayloadMismatchError(f"key {key!r}: {found.said} was written for another payload")
+            inv.count("InProgressConflicts")
+            raise IdempotencyAlreadyInProgressError(f"key {key!r}: {found.said} is in progress")
+        try:
+            delivered, result = results.encode(found.value)
+        except Undeliverable as refused:
+            delivered, result = found.value, codec.Encoded(codec.UNDELIVERABLE, refused.kind)
+        self.complete(inv, key, owner, result)
+        inv.count("Replays")
+        logger.info("key %r: replayed %s, now kept as this layer's record", key, found.said,
+                    extra=fields(key, "replay"))
+        return Outcome(delivered, True)
 
     def _invoke(self, inv: Invocation, key: str, owner: str, invoke: Callable[[], Any], results: Results,
                 keep: Callable[[Any], bool] | None = None) -> Any:

@@ -86,11 +86,14 @@ def _fails_the_batch(claimed: Any) -> bool:
 class Executor:
     """Carries out plans for one handler: `cycle` (the protocol), `handler` (the user's), `settings` (the
     configuration: key_jmespath, payload_jmespath, stream_checkpoint, fail_whole_batch), `value_results` (how
-    HTTP responses are stored: as values, checked by the runtime's marshaller when there is one)."""
+    HTTP responses are stored: as values, checked by the runtime's marshaller when there is one), `earlier` (for a
+    whole event, the read of another tool's record of it, or None: a migration, `powertools.Reader`)."""
 
     def __init__(self, cycle: Cycle, handler: Callable[[Any, Any], Any], settings: Any,
-                 value_results: Callable[[], Any] | None = None, pool: Pool | None = None) -> None:
+                 value_results: Callable[[], Any] | None = None, pool: Pool | None = None,
+                 earlier: Callable[[Any], Any] | None = None) -> None:
         self.cycle = cycle
+        self.earlier = earlier
         self.handler = handler
         self.settings = settings
         self._value_results = value_results
@@ -137,7 +140,9 @@ class Executor:
             inv.count("PassThroughs")
             return self.handler(event, context)
         inv.describe("event", unit.key)
-        return self.cycle.run(inv, unit.key, partial(self.handler, event, context), unit.fingerprint).value
+        earlier = None if self.earlier is None else self.earlier(event)
+        return self.cycle.run(inv, unit.key, partial(self.handler, event, context), unit.fingerprint,
+                              earlier=earlier).value
 
     def _request(self, plan: Plan, event: Any, context: Any, inv: Invocation) -> Any:
         from .sources import http

@@ -94,7 +94,12 @@ def build(config: _config.Config, user_handler: Any, *, transport: Any = None, s
         cycle = Cycle(store, config.ttl_seconds, config.local_cache_size, results=runtime_results(),
                       min_claim_ms=config.in_progress_seconds * 1000, wait_seconds=config.wait_seconds,
                       precheck=config.batch_precheck)
-    executor = Executor(cycle, user_handler, config)
+    earlier = None
+    if config.powertools_handler is not None:  # a migration from Powertools' @idempotent: imported only then
+        from .powertools import Reader
+
+        earlier = Reader(cycle.store, keys, config.function_name or "", config.powertools_handler)
+    executor = Executor(cycle, user_handler, config, earlier=earlier)
     observer: Any = None
     if config.metrics or _logger.isEnabledFor(logging.INFO):
         # Only then: each invocation counted and written (metrics.Observer). Otherwise an invocation's tally is None,

@@ -189,6 +189,10 @@ class KeyDeriver:
     def select(self, event: Any) -> Any:
         return event if self._select is None else self._select(event)
 
+    def select_payload(self, event: Any) -> Any:
+        """What the payload expression selects from `event` (None when none is set)."""
+        return None if self._payload is None else self._payload(event)
+
     def key(self, event: Any) -> str | None:
         return self.key_of(self.select(event))
 
@@ -203,3 +207,20 @@ class KeyDeriver:
                 f"the value selected by IDEMPOTENCY_KEY_JMESPATH={self.expression or '@'!r} cannot be hashed: "
                 f"{_describe(error)}"
             ) from None
+
+
+def powertools_key(prefix: str, value: Any) -> str | None:
+    """The key Powertools' DynamoDB persistence layer stores for the selected `value` (its default hash:
+    `<prefix>#<MD5 of json.dumps(value, sort_keys=True)>`), or None where Powertools sees no key."""
+    if isinstance(value, dict):
+        missing = all(item is None for item in value.values())
+    elif isinstance(value, (list, tuple)):
+        missing = all(item is None for item in value)
+    else:
+        missing = not isinstance(value, (int, float, bool)) and not value
+    return None if missing else f"{prefix}#{powertools_hash(value)}"
+
+
+def powertools_hash(value: Any) -> str:
+    """Powertools' hash of a selected value: MD5 (its default) of its JSON with sorted keys. Not a security use."""
+    return hashlib.md5(json.dumps(value, sort_keys=True).encode(), usedforsecurity=False).hexdigest()

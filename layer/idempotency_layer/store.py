@@ -408,6 +408,15 @@ class DynamoDBStore:
         item = self._call("GetItem", key, params, deadline).get("Item")
         return None if item is None else self._record(key, item)
 
+    def foreign(self, key: str, names: list[str], deadline: Deadline | None = None) -> dict[str, Any] | None:
+        """The attributes `names` of another tool's item under partition key `key` in this table (a consistent
+        read), as DynamoDB types them, or None: what a migration reads (IDEMPOTENCY_POWERTOOLS_HANDLER)."""
+        aliases = {f"#a{i}": name for i, name in enumerate(names)}
+        params = {"Key": {self.attr.key: {"S": key}}, "ConsistentRead": True,
+                  "ProjectionExpression": ", ".join(aliases), "ExpressionAttributeNames": aliases}
+        item = self._call("GetItem", key, params, deadline).get("Item")
+        return None if item is None else dict(item)
+
     def read(self, keys: list[str], deadline: Deadline | None = None) -> tuple[dict[str, Record], list[str]]:
         a = self.attr
         if not 0 < len(keys) <= READ_KEYS:

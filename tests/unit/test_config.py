@@ -254,3 +254,15 @@ def test_names_the_wrapper_and_the_cli_set_are_allowed_and_a_blank_unknown_name_
 def test_a_mistyped_name_fails_even_when_the_layer_is_disabled():
     with pytest.raises(IdempotencyConfigurationError, match="did you mean IDEMPOTENCY_KEY_JMESPATH"):
         load({**BASE, "IDEMPOTENCY_DISABLED": "true", "IDEMPOTENCY_KEY_JMESPAHT": "orderId"})
+
+
+def test_the_powertools_handler_is_a_module_and_function_on_powertools_layout():
+    assert load(BASE).powertools_handler is None
+    assert load({**BASE, "IDEMPOTENCY_POWERTOOLS_HANDLER": "app.handler"}).powertools_handler == "app.handler"
+    with pytest.raises(IdempotencyConfigurationError, match="is not a handler as Powertools names it"):
+        load({**BASE, "IDEMPOTENCY_POWERTOOLS_HANDLER": "handler"})
+    with pytest.raises(IdempotencyConfigurationError, match="a partition key only"):
+        load({**BASE, "IDEMPOTENCY_POWERTOOLS_HANDLER": "app.handler", "IDEMPOTENCY_SORT_KEY_ATTR": "sk"})
+    without_name = {k: v for k, v in BASE.items() if k != "AWS_LAMBDA_FUNCTION_NAME"}
+    with pytest.raises(IdempotencyConfigurationError, match="AWS_LAMBDA_FUNCTION_NAME"):
+        load({**without_name, "IDEMPOTENCY_KEY_PREFIX": "p", "IDEMPOTENCY_POWERTOOLS_HANDLER": "app.handler"})

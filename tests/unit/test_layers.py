@@ -23,7 +23,7 @@ ROWS = {
     "sources": 55,
     "sources.http": 50, "sources.batch": 50,
     "sources.kafka": 45, "sources.mq": 45,
-    "sources.batches": 42, "sources.redelivery": 42, "sources.durable": 42,
+    "sources.batches": 42, "sources.redelivery": 42, "sources.durable": 42, "powertools": 42,
     "cycle": 40,
     "invocation": 35,
     "store": 30,

@@ -1,0 +1,90 @@
+"""Coming from Powertools: the records its `@idempotent` wrote, read by a first run (IDEMPOTENCY_POWERTOOLS_HANDLER).
+
+A function moved from the decorator to the layer keeps Powertools' table. An event Powertools completed, or still
+holds, has a record under Powertools' key, not ours; without this, its retry after the switch would run again.
+With the setting, a first run of a whole event (once the layer holds its own claim) reads the record Powertools
+would have written for the same event, as Powertools' `DynamoDBPersistenceLayer` lays it out by default:
+
+    key          <AWS_LAMBDA_FUNCTION_NAME>.<module.function>#<MD5 of the selected data's sorted JSON>
+    status       INPROGRESS | COMPLETED | EXPIRED
+    expiration   epoch seconds: the record's end (Powertools' expires_after_seconds)
+    in_progress_expiration   epoch milliseconds: the end of an INPROGRESS claim (the invocation's deadline)
+    data         the handler's result as JSON text
+    validation   MD5 of what payload_validation_jmespath selected, when Powertools had one
+
+A completed, unexpired record is replayed (its `data` as Powertools would return it) and kept as the layer's own
+record; a live INPROGRESS one is in progress; an expired one, or none, lets the handler run. One read more per first
+run, only while the setting is set: remove it once Powertools' records have expired (its expires_after_seconds,
+one hour by default).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from .cycle import Earlier
+from .errors import IdempotencyPersistenceLayerError
+from .keys import KeyDeriver, powertools_hash, powertools_key
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from .deadline import Deadline
+    from .store import DynamoDBStore
+
+NAMES = ["status", "expiration", "in_progress_expiration", "data", "validation"]
+
+
+class Reader:
+    """Reads, for an event, what Powertools' record of it says (an `Earlier`), or None."""
+
+    def __init__(self, store: DynamoDBStore, keys: KeyDeriver, function_name: str, handler: str) -> None:
+        self.store = store
+        self.keys = keys
+        self.prefix = f"{function_name}.{handler}"
+
+    def __call__(self, event: Any) -> Callable[[Deadline], Earlier | None] | None:
+        """The read for `event`, or None when Powertools would have seen no key in it (and stored nothing)."""
+        key = powertools_key(self.prefix, self.keys.select(event))
+        if key is None:
+            return None
+        payload = self.keys.select_payload(event) if self.keys.payload else None
+
+        def read(deadline: Deadline) -> Earlier | None:
+            item = self.store.foreign(key, NAMES, deadline)
+            return None if item is None else judge(key, item, payload, self.keys.payload is not None, time.time())
+
+        return read
+
+
+def judge(key: str, item: dict[str, Any], payload: Any, compare: bool, now: float) -> Earlier | None:
+    """What Powertools' `item` says at `now`: as Powertools itself would judge it on its next call."""
+    said = f"Powertools' record {key!r}"
+    try:
+        status = item["status"]["S"]
+        expiration = int(item["expiration"]["N"])
+        until_ms = int(item["in_progress_expiration"]["N"]) if "in_progress_expiration" in item else None
+        data = item["data"]["S"] if "data" in item else None
+        validation = item["validation"]["S"] if "validation" in item else None
+    except (KeyError, TypeError, ValueError):
+        raise IdempotencyPersistenceLayerError(
+            f"{said} is not one Powertools' DynamoDB layer writes (attributes missing or of the wrong type); "
+            "refused, the handler did not run"
+        ) from None
+    if expiration <= now or status not in ("INPROGRESS", "COMPLETED"):
+        return None  # expired (or marked so): Powertools would run the event again too
+    if compare and validation is not None and validation != powertools_hash(payload):
+        return Earlier(said, completed=status == "COMPLETED", mismatch=True)
+    if status == "INPROGRESS":
+        if until_ms is not None and until_ms <= now * 1000:
+            return None  # its invocation is over without a result: Powertools would take the claim over
+        return Earlier(said, completed=False)
+    try:
+        value = None if data is None else json.loads(data)
+    except ValueError:
+        raise IdempotencyPersistenceLayerError(f"{said} holds a result that is not JSON; refused, the handler did "
+                                               "not run") from None
+    return Earlier(said, completed=True, value=value)
