@@ -69,6 +69,8 @@ def _settings(args: argparse.Namespace) -> dict[str, str]:
         raise Usage(f"--event {args.event!r} cannot be read as JSON: {error}") from None
     if not 1 <= args.times <= 100:
         raise Usage(f"--times {args.times} is not from 1 to 100")
+    if not 1 <= args.timeout <= 900:
+        raise Usage(f"--timeout {args.timeout} is not from 1 to 900 seconds (Lambda's range)")
     variables = {}
     for item in args.env:
         name, equals, value = item.partition("=")
@@ -114,14 +116,20 @@ def _split(new: str) -> tuple[list[str], list[dict[str, Any]]]:
     return own, layer
 
 
+def _printable(text: str) -> str:
+    """`text` with control characters shown as escapes: a handler's bytes never drive the terminal."""
+    return "".join(c if c.isprintable() or c == "\t" else f"\\x{ord(c):02x}" for c in text)
+
+
 def _say_answer(n: int, times: int, answer: Any, new_logs: str) -> None:
     body = answer.body.decode("utf-8", "replace")
     print(f"\ninvocation {n} of {times}: HTTP {answer.status} from the emulator")
-    print(f"  answer: {body if len(body) <= 2000 else body[:2000] + f'... ({len(body)} characters)'}")
+    shown = body if len(body) <= 2000 else body[:2000] + f"... ({len(body)} characters)"
+    print(f"  answer: {_printable(shown)}")
     own, layer = _split(new_logs)
     print("  the handler wrote:" if own else "  the handler wrote nothing")
     for line in own:
-        print(f"    {line}")
+        print(f"    {_printable(line)}")
     for entry in layer:
         outcome = entry.get("idempotency_outcome")
         print(f"  layer: {entry.get('level')} {entry.get('message')}" + (f" [{outcome}]" if outcome else ""))
@@ -135,8 +143,9 @@ def _show(event: Path, variables: dict[str, str], endpoint: str) -> None:
 
     saved = dict(os.environ)
     try:
-        os.environ.update({**CREDENTIALS, **variables, "IDEMPOTENCY_TABLE": TABLE,
-                           "AWS_ENDPOINT_URL_DYNAMODB": endpoint, "AWS_LAMBDA_FUNCTION_NAME": FUNCTION})
+        # The function's own settings win, as they did for the function (a table or endpoint of its own included).
+        os.environ.update({**CREDENTIALS, "IDEMPOTENCY_TABLE": TABLE, "AWS_ENDPOINT_URL_DYNAMODB": endpoint,
+                           "AWS_LAMBDA_FUNCTION_NAME": FUNCTION, **variables})
         print(f"\nthe record, as `idempotency-layer show --event {event}` prints it:")
         sys.stdout.flush()
         cli(["show", "--event", str(event)])
@@ -153,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     version, python = _python(args.python)
     work = Path(tempfile.mkdtemp(prefix="idempotency-invoke-"))
+    print(f"logs and the copied code: {work}")
     task, opt = work / "task", work / "opt"
     shutil.copytree(args.code, task, ignore=shutil.ignore_patterns("__pycache__", ".git"))
     _unzip(zip_path, opt)
@@ -165,7 +175,8 @@ def run(args: argparse.Namespace) -> int:
                         "IDEMPOTENCY_LOG_LEVEL": "INFO", "AWS_LAMBDA_LOG_FORMAT": "JSON", **variables}
         env = LambdaEnvironment(python=python, task_root=task, opt_dir=opt, handler=args.handler,
                                 env=function_env, timeout=args.timeout, function_name=FUNCTION,
-                                log_path=work / "function.log").start()
+                                log_path=work / "function.log")
+        env.start()  # `env` is set first: an interrupt during the start still stops what it started
         print(f"the emulator at {env.endpoint} (pid {env.process.pid if env.process else '?'}), Python {version}, "
               f"handler {args.handler}, the layer {zip_path.relative_to(ROOT)} as /opt")
         sys.stdout.flush()
@@ -176,7 +187,6 @@ def run(args: argparse.Namespace) -> int:
             _say_answer(n, args.times, answer, env.logs()[seen:])
             sys.stdout.flush()
         _show(Path(args.event), {**variables, "IDEMPOTENCY_LOG_LEVEL": "WARNING"}, ddb.endpoint)
-        print(f"\nlogs and the copied code: {work}")
         return 0
     finally:
         if env is not None:

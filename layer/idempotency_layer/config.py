@@ -431,20 +431,41 @@ NAMES = frozenset(
 
 
 def _unknown_names(env: Mapping[str, str]) -> None:
-    """Fail on a set IDEMPOTENCY_* name (in any case) the layer does not read, naming the closest known one."""
+    """Fail on a set IDEMPOTENCY_* name (in any case) the layer does not read, naming the closest known one; and on
+    a name whose first word is IDEMPOTENCY misspelled (IDEMPOTENTCY_KEY_JMESPATH)."""
     for name in sorted(env):
-        if not name.upper().startswith("IDEMPOTENCY_") or name in NAMES or _text(env, name) is None:
+        if name in NAMES or _text(env, name) is None:
             continue
-        raise IdempotencyConfigurationError(
-            f"{name} is set, but it is not a setting of this layer{_closest(name)}; a misspelled setting would "
-            "be ignored, so init fails (the README lists every setting)"
-        )
+        if name.upper().startswith("IDEMPOTENCY_"):
+            raise IdempotencyConfigurationError(
+                f"{name} is set, but it is not a setting of this layer{_closest(name)}; a misspelled setting "
+                "would be ignored, so init fails (the README lists every setting)"
+            )
+        meant = _closest(name) if name[:4].upper() == "IDEM" and _misspelled_prefix(name) else ""
+        if meant:  # a name of one's own that only starts alike (IDEMPOTENT_MODE) is left alone
+            raise IdempotencyConfigurationError(
+                f"{name} is set, and looks like a setting of this layer with IDEMPOTENCY_ misspelled{meant}; "
+                "it would be ignored, so init fails"
+            )
+
+
+def _misspelled_prefix(name: str) -> bool:
+    import difflib  # only for a name that starts IDEM: not at a good init's cost
+
+    head = name.upper().split("_", 1)[0]
+    known = {known[len("IDEMPOTENCY_"):].split("_", 1)[0] for known in NAMES}
+    # IDEMPOTENTCY, IDEMPOTANCY; or IDEMPOTENCYKEY: the prefix run into a setting's first word
+    return difflib.SequenceMatcher(None, head, "IDEMPOTENCY").ratio() >= 0.85 or any(
+        head == "IDEMPOTENCY" + word for word in known)
 
 
 def _closest(name: str) -> str:
     import difflib  # only when a name is wrong: not at a good init's cost
 
     upper = name.upper()
+    if not upper.startswith("IDEMPOTENCY_"):  # its prefix misspelled: compared whole
+        close = difflib.get_close_matches(upper, sorted(NAMES), n=1, cutoff=0.85)
+        return f" (did you mean {close[0]}?)" if close else ""
     longer = [known for known in NAMES if known.startswith(upper + "_")]  # IDEMPOTENCY_TTL: IDEMPOTENCY_TTL_SECONDS
     # Compared without the prefix every name shares, which would make any name look close to all of them.
     rest = {known[len("IDEMPOTENCY_"):]: known for known in NAMES}

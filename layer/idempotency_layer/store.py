@@ -34,7 +34,7 @@ COMPLETED = "COMPLETED"
 # How DynamoDB words a ValidationException for a key of another shape than the table's (another attribute name or
 # type, a sort key too many or too few): the only refusals of the table check that blame the key schema.
 _SCHEMA_DIFFERS = ("does not match the schema", "One of the required keys was not given a value",
-                   "The number of conditions on the keys is invalid")
+                   "The number of conditions on the keys is invalid", "Type mismatch for key")
 # Answers no retry can change: the table, the role or the request is wrong.
 _PERMANENT = frozenset({
     "AccessDeniedException", "ResourceNotFoundException", "ValidationException", "UnrecognizedClientException",

@@ -102,6 +102,7 @@ def test_ctrl_c_stops_everything_it_started(function: dict[str, Path]) -> None:
     ({"--handler": "payments"}, "--handler 'payments' is not MODULE.FUNCTION"),
     ({"--times": "0"}, "--times 0 is not from 1 to 100"),
     ({"--env": "NOEQUALS"}, "--env 'NOEQUALS' is not NAME=VALUE"),
+    ({"--timeout": "0"}, "--timeout 0 is not from 1 to 900 seconds (Lambda's range)"),
 ])
 def test_a_bad_option_is_exit_2_naming_it(function: dict[str, Path], change: dict[str, str], said: str) -> None:
     arguments = invoke(function)

@@ -273,7 +273,7 @@ def test_doctor_shows_the_key_rule_and_warns_on_the_whole_event_default(env):
     status, checks, text = doctor({**env, "AWS_LAMBDA_EXEC_WRAPPER": "/opt/idempotency-wrapper"})
     assert status == 0
     assert checks["key"]["status"] == "WARN"
-    assert "WARN key: IDEMPOTENCY_KEY_JMESPATH is unset: a whole event is keyed on all of it" in text
+    assert "WARN key: IDEMPOTENCY_KEY_JMESPATH is unset (or @): a whole event is keyed on all of it" in text
     assert ("     fix: set IDEMPOTENCY_KEY_JMESPATH to what names the operation (e.g. paymentId) and "
             "IDEMPOTENCY_REQUIRE_KEY=true") in text
     _, checks, text = doctor(env, "--key-jmespath", "paymentId", "--require-key", "true")

@@ -272,13 +272,18 @@ def test_init_check_is_one_get_item(store, proxy, sort_key_table, transport):
 
 
 def test_init_errors_say_what_dynamodb_said_and_blame_the_key_schema_only_when_it_differs(transport, table_name,
-                                                                                          sort_key_table):
+                                                                                          sort_key_table, ddb_client):
     """Issue 29: a table ARN DynamoDB refused was reported as a key schema that differs, without DynamoDB's words."""
     arn = "arn:aws:dynamodb:us-east-1:123456789012:table/no-such-table-here"
+    numeric = f"numeric-{uuid.uuid4().hex[:8]}"
+    ddb_client.create_table(TableName=numeric, KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+                            AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "N"}],
+                            BillingMode="PAY_PER_REQUEST")
     seen = {}
     for name, table, attributes in [("arn", arn, Attributes()), ("missing", "no-such-table-here", Attributes()),
                                     ("schema", table_name, Attributes(sort_key="sk")),
-                                    ("schema, sort key", sort_key_table, Attributes())]:
+                                    ("schema, sort key", sort_key_table, Attributes()),
+                                    ("schema, a number", numeric, Attributes())]:
         with pytest.raises(IdempotencyConfigurationError) as raised:
             DynamoDBStore(transport, table, attributes, "P" if attributes.sort_key else None).verify()
         seen[name] = str(raised.value)
@@ -287,6 +292,7 @@ def test_init_errors_say_what_dynamodb_said_and_blame_the_key_schema_only_when_i
     assert "does not have the key these settings describe" in seen["schema"]
     assert "(DynamoDB: ValidationException: " in seen["schema"]
     assert "does not have the key these settings describe" in seen["schema, sort key"]
+    assert "as a string partition key" in seen["schema, a number"] and "Type mismatch" in seen["schema, a number"]
     assert "no such table" in seen["missing"] and "ResourceNotFoundException" in seen["missing"]
     # DynamoDB Local takes no ARN for a table name; whatever it says, it is said, and no key schema is blamed.
     assert "key these settings describe" not in seen["arn"], seen["arn"]

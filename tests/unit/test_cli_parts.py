@@ -53,7 +53,7 @@ def test_options_override_the_environment():
 
 def test_a_set_that_is_not_a_setting_is_refused():
     args = main.__globals__["_parser"]().parse_args(["key", "--event", "-", "--set", "AWS_PROFILE=x"])
-    with pytest.raises(IdempotencyConfigurationError, match="--set 'AWS_PROFILE=x' is not accepted"):
+    with pytest.raises(IdempotencyConfigurationError, match=r"--set 'AWS_PROFILE=\.\.\.' is not accepted"):
         cli_settings.environment(args, {})
 
 
@@ -98,7 +98,7 @@ def test_key_says_where_the_key_came_from_the_expression_or_a_default():
     """Issue 29: `key --event` printed `source: whole event` for both paymentId and the default."""
     order = {"paymentId": "p-1", "requestedAt": "10:00"}
     rules = {
-        None: "the whole event (the default: IDEMPOTENCY_KEY_JMESPATH is unset)",
+        None: "the whole event (the default: IDEMPOTENCY_KEY_JMESPATH is unset or @)",
         "paymentId": "IDEMPOTENCY_KEY_JMESPATH='paymentId'",
     }
     for expression, said in rules.items():
@@ -108,7 +108,7 @@ def test_key_says_where_the_key_came_from_the_expression_or_a_default():
         assert key_text(facts)[:2] == ["source: whole event", f"key from: {said}"]
     batch = events.sqs_event([events.json_message({"orderId": "a"})])
     assert derive(settings(), batch)["rule"] == (
-        "each record's delivery identity (the default: IDEMPOTENCY_KEY_JMESPATH is unset)")
+        "each record's delivery identity (the default: IDEMPOTENCY_KEY_JMESPATH is unset or @)")
     assert derive(settings(IDEMPOTENCY_KEY_JMESPATH="json_parse(body).orderId"), batch)["rule"] == (
         "IDEMPOTENCY_KEY_JMESPATH='json_parse(body).orderId', applied to each record")
     request = http_events.rest("POST", "/orders", {"Idempotency-Key": "k-1"}, "{}")
@@ -316,11 +316,49 @@ def test_a_missing_module_is_a_setting_problem_with_its_fix(tmp_path, modules, s
 @pytest.mark.parametrize(("arguments", "said"), [
     ((), "idempotency-layer: no AWS Region is set: set AWS_REGION, or pass --region\n"),
     (("--region", "eu-west-1", "--endpoint-url", "localhost:8000"),
-     "idempotency-layer: the DynamoDB endpoint 'localhost:8000' is not a URL: give it with its scheme "
-     "(--endpoint-url http://localhost:8000, https://dynamodb.eu-west-1.amazonaws.com)\n"),
+     "idempotency-layer: the DynamoDB endpoint 'localhost:8000' is not an http:// or https:// URL: give it with "
+     "its scheme (--endpoint-url http://localhost:8000, https://dynamodb.eu-west-1.amazonaws.com)\n"),
+    (("--region", "us east 1"), "idempotency-layer: the Region 'us east 1' is not a Region name: set AWS_REGION (or "
+                                "--region) to one, e.g. eu-west-1\n"),
 ])
 def test_no_region_or_an_endpoint_without_a_scheme_is_exit_2_with_the_fix(tmp_path, arguments, said):
     done = _bare_cli(tmp_path, "show", "orders#k", "--table", "orders-table", "--function-name", "orders", *arguments,
                      modules=("orjson", "jmespath", "botocore", "dateutil", "urllib3", "six"),
                      AWS_ACCESS_KEY_ID="AKIDEXAMPLE", AWS_SECRET_ACCESS_KEY="secret")
     assert (done.returncode, done.stderr) == (2, said)
+
+
+def test_a_set_in_the_wrong_case_is_named_by_init_and_no_value_is_echoed(capsys, tmp_path):
+    event = tmp_path / "event.json"
+    event.write_text("{}")
+    status = main(["key", "--event", str(event), "--function-name", "orders", "--set",
+                   "idempotency_key_jmespath=secret-ish"])
+    err = capsys.readouterr().err
+    assert status == 2 and "did you mean IDEMPOTENCY_KEY_JMESPATH?" in err and "secret-ish" not in err
+    assert main(["key", "--event", str(event), "--set", "AWS_PROFILE=secret-ish"]) == 2
+    assert "secret-ish" not in capsys.readouterr().err
+
+
+def test_without_botocore_the_cli_names_the_fix(tmp_path):
+    done = _bare_cli(tmp_path, "show", "orders#k", "--table", "orders-table", "--function-name", "orders",
+                     "--region", "eu-west-1", modules=("orjson", "jmespath"))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("idempotency-layer: the module 'botocore' is missing: outside Lambda the CLI "
+                                  "finds its Region, endpoint and credentials with botocore; pip install boto3")
+
+
+@pytest.mark.parametrize(("settings", "status", "said"), [
+    ({}, WARN, "right when the function gets only batch records (keyed by their delivery identity) and HTTP "
+               "requests (by their Idempotency-Key header)"),
+    ({"IDEMPOTENCY_SCOPE": "event"}, WARN, "right when the function gets only HTTP requests"),
+    ({"IDEMPOTENCY_SCOPE": "event", "IDEMPOTENCY_HTTP": "off"}, WARN, "run twice"),
+    ({"IDEMPOTENCY_SCOPE": "record"}, PASS, "each batch record by its delivery identity"),
+    ({"IDEMPOTENCY_KEY_JMESPATH": "@"}, WARN, "unset (or @)"),
+])
+def test_doctors_key_check_says_which_defaults_are_right_under_the_settings(settings, status, said):
+    from idempotency_layer.cli.doctor import key_check
+
+    check = key_check(cli_settings.load({"AWS_LAMBDA_FUNCTION_NAME": "orders", **settings}, need_table=False))
+    assert check.status == status and said in check.detail, check
+    if settings.get("IDEMPOTENCY_HTTP") == "off":
+        assert "right when" not in check.detail  # no source has a rule of its own left

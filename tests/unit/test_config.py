@@ -266,3 +266,20 @@ def test_the_powertools_handler_is_a_module_and_function_on_powertools_layout():
     without_name = {k: v for k, v in BASE.items() if k != "AWS_LAMBDA_FUNCTION_NAME"}
     with pytest.raises(IdempotencyConfigurationError, match="AWS_LAMBDA_FUNCTION_NAME"):
         load({**without_name, "IDEMPOTENCY_KEY_PREFIX": "p", "IDEMPOTENCY_POWERTOOLS_HANDLER": "app.handler"})
+
+
+@pytest.mark.parametrize(("name", "meant"), [
+    ("IDEMPOTENTCY_KEY_JMESPATH", "IDEMPOTENCY_KEY_JMESPATH"),
+    ("IDEMPOTENCYKEY_JMESPATH", "IDEMPOTENCY_KEY_JMESPATH"),
+    ("idempotancy_ttl_seconds", "IDEMPOTENCY_TTL_SECONDS"),
+])
+def test_a_setting_with_its_prefix_misspelled_fails_init_too(name, meant):
+    said = f"{name} is set, and looks like a setting of this layer with IDEMPOTENCY_ misspelled (did you mean {meant}?)"
+    with pytest.raises(IdempotencyConfigurationError) as raised:
+        load({**BASE, name: "paymentId"})
+    assert str(raised.value).startswith(said)
+
+
+@pytest.mark.parametrize("name", ["IDEMPOTENT_MODE", "IDEMLAYER_TEST_CACHE", "IDEM_POTENT", "MY_IDEMPOTENCY_KEY"])
+def test_a_name_of_ones_own_that_only_starts_alike_is_left_alone(name):
+    assert load({**BASE, name: "x"}).table == "orders"

@@ -122,7 +122,7 @@ def test_the_cli_without_a_function_name_says_what_it_hinges_on(tmp_path, monkey
     assert cli.main(["key", "--event", str(path), "--key-prefix", "orders"]) == 0  # keyed whole, as the layer would
     out = capsys.readouterr().out.splitlines()
     assert out[:3] == ["source: whole event", "key from: the whole event (the default: IDEMPOTENCY_KEY_JMESPATH is "
-                       "unset)", f"note: the envelope of a durable execution of function {FUNCTION!r} "
+                       "unset or @)", f"note: the envelope of a durable execution of function {FUNCTION!r} "
                        f"in {REGION}: the layer passes it through, unclaimed, when it runs as that function there; "
                        "pass --function-name (and --region) to know"]
     assert out[3].startswith("orders#")

@@ -106,8 +106,8 @@ def rule(config: Config, kind: str | None) -> str:
         return f"the {config.key_header} header" + (f", else {expression}" if expression else "")
     if kind == BATCH:
         return (f"{expression}, applied to each record" if expression
-                else "each record's delivery identity (the default: IDEMPOTENCY_KEY_JMESPATH is unset)")
-    return expression or "the whole event (the default: IDEMPOTENCY_KEY_JMESPATH is unset)"
+                else "each record's delivery identity (the default: IDEMPOTENCY_KEY_JMESPATH is unset or @)")
+    return expression or "the whole event (the default: IDEMPOTENCY_KEY_JMESPATH is unset or @)"
 
 
 def _whole(config: Config, found: Plan) -> dict[str, Any]:

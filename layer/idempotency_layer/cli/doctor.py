@@ -569,10 +569,14 @@ def key_check(config: Any) -> Check:
     if config.key_jmespath:
         require = "required" if config.require_key else "an event it selects nothing from runs unguarded"
         return Check("key", PASS, f"IDEMPOTENCY_KEY_JMESPATH={config.key_jmespath!r} ({require})")
-    return Check("key", WARN, "IDEMPOTENCY_KEY_JMESPATH is unset: a whole event is keyed on all of it, so two "
-                 "retries that differ in any field (a timestamp, a request id) run twice; right when the function "
-                 f"gets only batch records (keyed by their delivery identity) and HTTP requests (by their "
-                 f"{config.key_header} header)",
+    if config.scope == "record":  # whole events are refused: every unit is a record, keyed by its identity
+        return Check("key", PASS, "each batch record by its delivery identity (IDEMPOTENCY_KEY_JMESPATH unset, "
+                     "IDEMPOTENCY_SCOPE=record)")
+    own = ([] if config.scope == "event" else ["batch records (keyed by their delivery identity)"]) + (
+        [f"HTTP requests (by their {config.key_header} header)"] if config.http else [])
+    right = f"; right when the function gets only {' and '.join(own)}" if own else ""
+    return Check("key", WARN, "IDEMPOTENCY_KEY_JMESPATH is unset (or @): a whole event is keyed on all of it, so "
+                 f"two retries that differ in any field (a timestamp, a request id) run twice{right}",
                  "set IDEMPOTENCY_KEY_JMESPATH to what names the operation (e.g. paymentId) and "
                  "IDEMPOTENCY_REQUIRE_KEY=true")
 

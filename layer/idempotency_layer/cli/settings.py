@@ -53,8 +53,9 @@ def environment(args: Namespace, base: Mapping[str, str] | None = None) -> dict[
     env = dict(os.environ if base is None else base)
     for item in args.set:
         name, equals, value = item.partition("=")
-        if not equals or not name.startswith("IDEMPOTENCY_"):
-            raise IdempotencyConfigurationError(f"--set {item!r} is not accepted; expected IDEMPOTENCY_<NAME>=<value>")
+        if not equals or not name.upper().startswith("IDEMPOTENCY_"):  # a wrong case is init's to name
+            raise IdempotencyConfigurationError(f"--set {name + equals + '...'!r} is not accepted; expected "
+                                                "IDEMPOTENCY_<NAME>=<value>")
         env[name] = value
     for flag, variable, _ in OPTIONS:
         value = getattr(args, flag[2:].replace("-", "_"))
@@ -95,12 +96,17 @@ def store(config: _config.Config, env: Mapping[str, str]) -> Any:
 
 def client_problem(error: BaseException, env: Mapping[str, str]) -> str | None:
     """The one-line fix for a DynamoDB client that could not be set up because of a setting (exit 2), or None."""
+    if isinstance(error, ModuleNotFoundError):
+        return missing_module(error)
     if type(error).__name__ == "NoRegionError":  # botocore's, named so that nothing imports botocore for it
         return "no AWS Region is set: set AWS_REGION, or pass --region"
-    if isinstance(error, ValueError) and str(error).startswith("Invalid endpoint"):
+    if type(error).__name__ == "InvalidRegionError":
+        return (f"the Region {env.get('AWS_REGION') or env.get('AWS_DEFAULT_REGION') or ''!r} is not a Region "
+                "name: set AWS_REGION (or --region) to one, e.g. eu-west-1")
+    if isinstance(error, ValueError) and str(error).startswith(("Invalid endpoint", "the endpoint must be")):
         endpoint = env.get("AWS_ENDPOINT_URL_DYNAMODB") or env.get("AWS_ENDPOINT_URL") or ""
-        return (f"the DynamoDB endpoint {endpoint!r} is not a URL: give it with its scheme (--endpoint-url "
-                "http://localhost:8000, https://dynamodb.eu-west-1.amazonaws.com)")
+        return (f"the DynamoDB endpoint {endpoint!r} is not an http:// or https:// URL: give it with its scheme "
+                "(--endpoint-url http://localhost:8000, https://dynamodb.eu-west-1.amazonaws.com)")
     return None
 
 
@@ -110,6 +116,9 @@ def missing_module(error: ModuleNotFoundError) -> str:
     if name.split(".")[0] == "jmespath":
         return ("the module 'jmespath' is missing: install it (pip install jmespath; boto3 brings it), or run the "
                 "CLI where boto3 is installed")
+    if name.split(".")[0] in ("boto3", "botocore"):
+        return (f"the module {name.split('.')[0]!r} is missing: outside Lambda the CLI finds its Region, endpoint "
+                "and credentials with botocore; pip install boto3")
     if name.split(".")[0] == "orjson":
         return ("the module 'orjson' is missing: from an unzipped layer, put opt/python/lib/python3.X/site-packages "
                 "on PYTHONPATH with the python3.X it was built for (3.10 to 3.14), or pip install orjson")
