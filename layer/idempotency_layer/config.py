@@ -385,7 +385,9 @@ _DECIDED = (
 )
 
 
-_HANDLER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_<>]*)+")
+# module.qualname as Powertools joins them: any text without spaces, with a dot between non-empty parts
+# (app.handler, my-app.handler, app.make.<locals>.handler)
+_HANDLER_NAME = re.compile(r"[^\s.#]+(\.[^\s.#]+)+")
 
 
 def _check_powertools(values: dict[str, Any], attributes: Attributes) -> None:

@@ -614,6 +614,8 @@ class Cycle:
         and kept as ours. Anything else releases our claim: its live claim, another payload, a failed read."""
         try:
             found = inv.request(earlier, _claim_by(inv.deadline))
+            if found is not None and not found.completed and not found.mismatch and self.wait_seconds > 0:
+                found = self._wait_earlier(inv, earlier, found)
         except BaseException:
             self.release(inv, key, owner)  # it could not be read: whether it ran is unknown, so nothing runs
             raise
@@ -635,6 +637,23 @@ class Cycle:
         logger.info("key %r: replayed %s, now kept as this layer's record", key, found.said,
                     extra=fields(key, "replay"))
         return Outcome(delivered, True)
+
+    def _wait_earlier(self, inv: Invocation, earlier: Callable[[Deadline], Earlier | None],
+                      found: Earlier) -> Earlier | None:
+        """IDEMPOTENCY_WAIT_SECONDS for another tool's live claim, holding ours: its outcome once it has one, else
+        the live claim as last read."""
+        inv.count("Waits")
+        wait_end = Deadline(time.monotonic() + min(self.wait_seconds, (inv.remaining_ms - WAIT_MARGIN_MS) / 1000))
+        delay = FIRST_POLL_S
+        while wait_end.left() > 0:
+            self.sleep(min(delay * (0.5 + random.random() / 2), wait_end.left()))
+            delay = min(delay * 2, LAST_POLL_S)
+            now: Earlier | None = inv.request(earlier, wait_end)
+            if now is None or now.completed or now.mismatch:
+                inv.count("WaitsReplayed" if now is not None and now.completed else "WaitsClaimed")
+                return now
+        inv.count("WaitsTimedOut")
+        return found
 
     def _invoke(self, inv: Invocation, key: str, owner: str, invoke: Callable[[], Any], results: Results,
                 keep: Callable[[Any], bool] | None = None) -> Any:

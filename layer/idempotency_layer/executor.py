@@ -184,6 +184,12 @@ class Executor:
         inv.describe(BATCH, records=len(batch.records))
         self.cycle.check()
         self._say(plan)
+        if self.earlier is not None and "powertools batch" not in self.said:
+            self.said.add("powertools batch")
+            logger.warning("IDEMPOTENCY_POWERTOOLS_HANDLER reads Powertools' records of whole events only: this "
+                           "batch's records are claimed one by one and Powertools' record of the batch is not read "
+                           "(to keep it, set IDEMPOTENCY_SCOPE=event while Powertools' records live; see "
+                           "docs/powertools.md)")
         if plan.refusal is not None:
             raise plan.refusal
         owners, done, busy = self._claims(plan, inv)

@@ -21,11 +21,15 @@ one hour by default).
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 from .cycle import Earlier
 from .errors import IdempotencyPersistenceLayerError
 from .keys import KeyDeriver, powertools_hash, powertools_key
+from .log import LOGGER_NAME, fields
+
+logger = logging.getLogger(LOGGER_NAME)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -45,6 +49,7 @@ class Reader:
         self.store = store
         self.keys = keys
         self.prefix = f"{function_name}.{handler}"
+        self.warned = False  # said once per environment
 
     def __call__(self, event: Any) -> Callable[[Deadline], Earlier | None] | None:
         """The read for `event`, or None when Powertools would have seen no key in it (and stored nothing)."""
@@ -55,6 +60,11 @@ class Reader:
 
         def read(deadline: Deadline) -> Earlier | None:
             item = self.store.foreign(key, NAMES, deadline)
+            if item is not None and "validation" in item and self.keys.payload is None and not self.warned:
+                self.warned = True
+                logger.warning("Powertools checked this function's payloads (its record %r has a validation hash), "
+                               "the layer does not: set IDEMPOTENCY_PAYLOAD_JMESPATH to Powertools' "
+                               "payload_validation_jmespath", key, extra=fields(None))
             return None if item is None else judge(key, item, payload, self.keys.payload is not None, time.time())
 
         return read
@@ -74,13 +84,21 @@ def judge(key: str, item: dict[str, Any], payload: Any, compare: bool, now: floa
             f"{said} is not one Powertools' DynamoDB layer writes (attributes missing or of the wrong type); "
             "refused, the handler did not run"
         ) from None
-    if expiration <= now or status not in ("INPROGRESS", "COMPLETED"):
-        return None  # expired (or marked so): Powertools would run the event again too
+    # Powertools' own rules (its conditional put and DataRecord): a record is expired once the whole second
+    # `int(now)` is past its expiration, an INPROGRESS claim once `now` in ms is past in_progress_expiration.
+    if expiration < int(now):
+        return None  # expired: Powertools would run the event again too
+    if status == "INPROGRESS" and until_ms is not None and until_ms < int(now * 1000):
+        return None  # its invocation is over without a result: Powertools takes such a claim over, any payload
+    if status not in ("INPROGRESS", "COMPLETED"):
+        # A live EXPIRED record Powertools itself refuses (IdempotencyInconsistentStateError); any other status is
+        # not one it writes.
+        raise IdempotencyPersistenceLayerError(
+            f"{said} is live with a status Powertools would not run the event on; refused, the handler did not run"
+        )
     if compare and validation is not None and validation != powertools_hash(payload):
         return Earlier(said, completed=status == "COMPLETED", mismatch=True)
     if status == "INPROGRESS":
-        if until_ms is not None and until_ms <= now * 1000:
-            return None  # its invocation is over without a result: Powertools would take the claim over
         return Earlier(said, completed=False)
     try:
         value = None if data is None else json.loads(data)

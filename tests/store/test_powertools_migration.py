@@ -160,3 +160,29 @@ def test_an_event_powertools_had_no_key_for_costs_no_read(world):
     handler({"paymentId": "p-6", "amount": 3}, Context())
     assert proxy.snapshot()[0] == {"PutItem": 1, "GetItem": 1, "UpdateItem": 1}
     assert app.runs == [None, "p-6"]
+
+
+def test_a_wait_covers_powertools_claim_too(world):
+    app, powertools, layer, _ = world
+    event = {"paymentId": "p-7", "amount": 9}
+    app.hold = threading.Event()
+    answers: list[Any] = []
+    running = threading.Thread(target=lambda: answers.append(powertools()(event, Context())))
+    running.start()
+    deadline = time.monotonic() + 10
+    while not app.runs:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    threading.Timer(1.0, app.hold.set).start()
+    answer = layer(IDEMPOTENCY_WAIT_SECONDS="10")(event, Context())  # waits for Powertools' run to complete
+    running.join(10)
+    assert sent(answer) == answers[0] and app.runs == ["p-7"]
+
+
+def test_a_payload_check_powertools_made_and_the_layer_lacks_is_said(world, caplog):
+    app, powertools, layer, _ = world
+    powertools(payload_validation_jmespath="amount")({"paymentId": "p-8", "amount": 5}, Context())
+    with caplog.at_level("WARNING", logger="idempotency_layer"):
+        layer()({"paymentId": "p-8", "amount": 5}, Context())
+    assert "set IDEMPOTENCY_PAYLOAD_JMESPATH to Powertools' payload_validation_jmespath" in caplog.text
+    assert app.runs == ["p-8"]

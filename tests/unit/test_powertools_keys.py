@@ -64,16 +64,19 @@ NOW = 1_800_000_000.0
      ("completed", {"a": 1})),
     ({"status": {"S": "COMPLETED"}, "expiration": {"N": str(int(NOW) + 60)}, "data": {"S": "{}"}},
      ("completed", {})),  # the value itself, where Powertools' own replay would give None
-    ({"status": {"S": "COMPLETED"}, "expiration": {"N": str(int(NOW))}, "data": {"S": '{"a": 1}'}}, None),
+    ({"status": {"S": "COMPLETED"}, "expiration": {"N": str(int(NOW))}, "data": {"S": '{"a": 1}'}},
+     ("completed", {"a": 1})),  # Powertools: expired only once int(now) is past it
+    ({"status": {"S": "COMPLETED"}, "expiration": {"N": str(int(NOW) - 1)}, "data": {"S": '{"a": 1}'}}, None),
     ({"status": {"S": "INPROGRESS"}, "expiration": {"N": str(int(NOW) + 60)},
       "in_progress_expiration": {"N": str(int(NOW * 1000) + 5000)}}, ("in progress", None)),
     ({"status": {"S": "INPROGRESS"}, "expiration": {"N": str(int(NOW) + 60)},
       "in_progress_expiration": {"N": str(int(NOW * 1000) - 1)}}, None),  # Powertools would take it over
     ({"status": {"S": "INPROGRESS"}, "expiration": {"N": str(int(NOW) + 60)}}, ("in progress", None)),
-    ({"status": {"S": "EXPIRED"}, "expiration": {"N": str(int(NOW) + 60)}}, None),
+    ({"status": {"S": "INPROGRESS"}, "expiration": {"N": str(int(NOW) + 60)}, "validation": {"S": "other"},
+      "in_progress_expiration": {"N": str(int(NOW * 1000) - 1)}}, None),  # taken over whatever its payload
 ])
 def test_a_record_is_judged_as_powertools_would(item, verdict):
-    found = judge("k", item, None, False, NOW)
+    found = judge("k", item, "x", True, NOW)
     if verdict is None:
         assert found is None
     else:
@@ -84,7 +87,9 @@ def test_a_record_is_judged_as_powertools_would(item, verdict):
     {"status": {"S": "COMPLETED"}},
     {"status": {"S": "COMPLETED"}, "expiration": {"S": "soon"}},
     {"status": {"S": "COMPLETED"}, "expiration": {"N": str(int(NOW) + 60)}, "data": {"S": "{not json"}},
+    {"status": {"S": "EXPIRED"}, "expiration": {"N": str(int(NOW) + 60)}},  # Powertools: inconsistent state
+    {"status": {"S": "completed"}, "expiration": {"N": str(int(NOW) + 60)}, "data": {"S": "{}"}},
 ])
-def test_a_record_powertools_would_not_write_fails_closed(item):
+def test_a_record_powertools_would_not_write_or_run_on_fails_closed(item):
     with pytest.raises(IdempotencyPersistenceLayerError, match="the handler did not run"):
         judge("k", item, None, False, NOW)
