@@ -204,7 +204,9 @@ def _table(endpoint: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    # SIGTERM as Ctrl-C: the finally clauses stop what was started.
+    # Ctrl-C and SIGTERM interrupt, so the finally clauses stop what was started: SIGINT's handler is set even when
+    # it was inherited ignored (a background job of a non-interactive shell, as CI starts it), which Python keeps.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         return run(args)
