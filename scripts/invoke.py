@@ -1,14 +1,16 @@
 """./build.sh invoke: your own function under the built layer, locally, in one command (issue 29).
 
-    ./build.sh invoke --code DIR --handler MODULE.FUNCTION --event FILE [--times N] [--env NAME=VALUE ...]
+    ./build.sh invoke --code DIR --handler MODULE.FUNCTION --event FILE [--event FILE2 ...] [--times N]
+                      [--env NAME=VALUE ...]
 
 Runs the code in DIR (copied, as Lambda unpacks a zip into /var/task) under AWS's Runtime Interface Emulator and
 `awslambdaric`, with the layer built in dist/ attached through AWS_LAMBDA_EXEC_WRAPPER, against a table in
-DynamoDB Local; sends the event N times (default 2) to one execution environment and prints, for each, the answer,
-what the handler wrote and the layer's line about the invocation (first run, replay, ...); then the record as
-`idempotency-layer show` prints it. No Docker, no SAM CLI, no AWS account. Ports are chosen free; everything it
-starts is stopped when it ends, Ctrl-C included. Exit 0 when every invocation was answered (errors included),
-1 when the environment could not run, 2 for a bad option or event file.
+DynamoDB Local; sends each event, in order, N times (default 2) to one execution environment (so retries that
+differ, a timestamp say, are events of their own) and prints, for each, the answer, what the function wrote and
+the layer's line about the invocation (first run, replay, ...); then each event's record as `idempotency-layer
+show` prints it. No Docker, no SAM CLI, no AWS account. Ports are chosen free; everything it starts is stopped
+when it ends, Ctrl-C included. Exit 0 when every invocation succeeded, 1 when one failed (its error is printed) or
+the environment could not run, 2 for a bad option or event file, 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--code", required=True, help="the directory holding your function's code (its zip's "
                         "contents: modules and vendored packages)")
     parser.add_argument("--handler", required=True, help="MODULE.FUNCTION, as the function's Handler setting")
-    parser.add_argument("--event", required=True, help="a file holding the event as JSON")
+    parser.add_argument("--event", required=True, action="append", help="a file holding the event as JSON; "
+                        "repeatable: the events are sent in order, each --times times")
     parser.add_argument("--times", type=int, default=2, help="how many times to send it (default 2)")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="a variable of the function (IDEMPOTENCY_* settings, your own); repeatable")
@@ -57,16 +60,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _settings(args: argparse.Namespace) -> dict[str, str]:
-    code, event = Path(args.code), Path(args.event)
+    code = Path(args.code)
     if not code.is_dir():
         raise Usage(f"--code {args.code!r} is not a directory")
     module, dot, function = args.handler.rpartition(".")
     if not dot or not module or not function:
         raise Usage(f"--handler {args.handler!r} is not MODULE.FUNCTION")
-    try:
-        json.loads(event.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise Usage(f"--event {args.event!r} cannot be read as JSON: {error}") from None
+    for event in args.event:
+        try:
+            json.loads(Path(event).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as error:
+            raise Usage(f"--event {event!r} cannot be read as JSON: {error}") from None
     if not 1 <= args.times <= 100:
         raise Usage(f"--times {args.times} is not from 1 to 100")
     if not 1 <= args.timeout <= 900:
@@ -121,23 +125,26 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() or c == "\t" else f"\\x{ord(c):02x}" for c in text)
 
 
-def _say_answer(n: int, times: int, answer: Any, new_logs: str) -> None:
+def _say_answer(label: str, answer: Any, new_logs: str) -> bool:
+    """Print one invocation; whether it succeeded."""
     body = answer.body.decode("utf-8", "replace")
-    print(f"\ninvocation {n} of {times}: HTTP {answer.status} from the emulator")
+    failed = answer.status != 200 or answer.error_type is not None  # Lambda's error shape
+    print(f"\n{label}: HTTP {answer.status} from the emulator{', the function failed' if failed else ''}")
     shown = body if len(body) <= 2000 else body[:2000] + f"... ({len(body)} characters)"
     print(f"  answer: {_printable(shown)}")
     own, layer = _split(new_logs)
-    print("  the handler wrote:" if own else "  the handler wrote nothing")
+    print("  the function wrote:" if own else "  the function wrote nothing")
     for line in own:
         print(f"    {_printable(line)}")
     for entry in layer:
         outcome = entry.get("idempotency_outcome")
         print(f"  layer: {entry.get('level')} {entry.get('message')}" + (f" [{outcome}]" if outcome else ""))
     if not layer:
-        print("  layer: no line (set IDEMPOTENCY_LOG_LEVEL=DEBUG to see more)")
+        print("  layer: no line" + ("" if failed else " (IDEMPOTENCY_LOG_LEVEL=DEBUG says more)"))
+    return not failed
 
 
-def _show(event: Path, variables: dict[str, str], endpoint: str) -> None:
+def _show(events: list[str], variables: dict[str, str], endpoint: str) -> None:
     """The record(s) of the event's key(s), as the operator CLI's `show` prints them, with the function's settings."""
     from idempotency_layer.cli import main as cli
 
@@ -146,9 +153,11 @@ def _show(event: Path, variables: dict[str, str], endpoint: str) -> None:
         # The function's own settings win, as they did for the function (a table or endpoint of its own included).
         os.environ.update({**CREDENTIALS, "IDEMPOTENCY_TABLE": TABLE, "AWS_ENDPOINT_URL_DYNAMODB": endpoint,
                            "AWS_LAMBDA_FUNCTION_NAME": FUNCTION, **variables})
-        print(f"\nthe record, as `idempotency-layer show --event {event}` prints it:")
-        sys.stdout.flush()
-        cli(["show", "--event", str(event)])
+        for event in dict.fromkeys(events):
+            print(f"\nthe record, as `idempotency-layer show --event {event}` prints it:")
+            sys.stdout.flush()
+            cli(["show", "--event", event])
+            sys.stdout.flush()
     finally:
         os.environ.clear()
         os.environ.update(saved)
@@ -180,14 +189,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"the emulator at {env.endpoint} (pid {env.process.pid if env.process else '?'}), Python {version}, "
               f"handler {args.handler}, the layer {zip_path.relative_to(ROOT)} as /opt")
         sys.stdout.flush()
-        event = Path(args.event).read_bytes()
-        for n in range(1, args.times + 1):
-            seen = len(env.logs())
-            answer = env.invoke(event)
-            _say_answer(n, args.times, answer, env.logs()[seen:])
-            sys.stdout.flush()
-        _show(Path(args.event), {**variables, "IDEMPOTENCY_LOG_LEVEL": "WARNING"}, ddb.endpoint)
-        return 0
+        succeeded = True
+        for path in args.event:
+            event = Path(path).read_bytes()
+            for n in range(1, args.times + 1):
+                seen = len(env.logs())
+                answer = env.invoke(event)
+                label = f"{path}, invocation {n} of {args.times}"
+                succeeded = _say_answer(label, answer, env.logs()[seen:]) and succeeded
+                sys.stdout.flush()
+        _show(args.event, {**variables, "IDEMPOTENCY_LOG_LEVEL": "WARNING"}, ddb.endpoint)
+        return 0 if succeeded else 1
     finally:
         if env is not None:
             env.stop()

@@ -69,7 +69,7 @@ def test_your_function_runs_once_and_replays_with_everything_said(function: dict
     assert function["charges"].read_text().count("\n") == 1  # the handler's own side effect: it ran once
     answers = re.findall(r"^  answer: (.*)$", out, re.M)
     assert len(answers) == 3 and len(set(answers)) == 1 and json.loads(answers[0])["charged"] == 42
-    assert out.count("  the handler wrote:\n    charged p-1\n") == 1 and out.count("the handler wrote nothing") == 2
+    assert out.count("  the function wrote:\n    charged p-1\n") == 1 and out.count("the function wrote nothing") == 2
     assert len(re.findall(r"^  layer: INFO .*\[first_run\]$", out, re.M)) == 1
     assert len(re.findall(r"^  layer: INFO .*replay of the stored result.*\[replay\]$", out, re.M)) == 2
     assert re.search(r"^status: +COMPLETED \(completed: copies replay the stored result\)$", out, re.M)
@@ -118,3 +118,20 @@ def test_an_event_file_that_is_not_json_is_exit_2(function: dict[str, Path]) -> 
     assert done.returncode == 2 and "cannot be read as JSON" in done.stderr
 
 
+
+
+def test_retries_that_differ_are_events_of_their_own_and_a_failure_is_exit_1(function: dict[str, Path],
+                                                                               tmp_path: Path) -> None:
+    retry = tmp_path / "retry.json"
+    retry.write_text(json.dumps({"paymentId": "p-1", "amount": 42, "requestedAt": "10:05"}))
+    done = subprocess.run(invoke(function, "--event", str(retry), "--times", "1", "--env",
+                                 "IDEMPOTENCY_KEY_JMESPATH=paymentId"),
+                          capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert function["charges"].read_text().count("\n") == 1  # the retry with another timestamp replayed
+    assert len(re.findall(r"^\S+retry\.json, invocation 1 of 1: HTTP 200", done.stdout, re.M)) == 1
+    assert done.stdout.count("the record, as `idempotency-layer show --event") == 2
+    failing = subprocess.run(invoke(function, "--times", "1", "--env", "IDEMPOTENCY_KEY_JMESPAHT=paymentId"),
+                             capture_output=True, text=True, timeout=180, check=False)
+    assert failing.returncode == 1, failing.stdout + failing.stderr
+    assert "the function failed" in failing.stdout and "did you mean IDEMPOTENCY_KEY_JMESPATH?" in failing.stdout

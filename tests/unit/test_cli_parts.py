@@ -362,3 +362,36 @@ def test_doctors_key_check_says_which_defaults_are_right_under_the_settings(sett
     assert check.status == status and said in check.detail, check
     if settings.get("IDEMPOTENCY_HTTP") == "off":
         assert "right when" not in check.detail  # no source has a rule of its own left
+
+
+def test_a_missing_prefix_names_the_options_and_a_whole_key_needs_none(capsys, tmp_path, monkeypatch):
+    for name in ("AWS_LAMBDA_FUNCTION_NAME", "IDEMPOTENCY_KEY_PREFIX", "IDEMPOTENCY_SORT_KEY_ATTR"):
+        monkeypatch.delenv(name, raising=False)
+    event = tmp_path / "event.json"
+    event.write_text("{}")
+    assert main(["key", "--event", str(event)]) == 2
+    assert "(here: --function-name NAME, or --key-prefix)" in capsys.readouterr().err
+    assert cli_settings.load({"IDEMPOTENCY_TABLE": "t-1"}, need_prefix=False).table == "t-1"
+    with pytest.raises(IdempotencyConfigurationError, match="--function-name NAME"):  # its partition value needs it
+        cli_settings.load({"IDEMPOTENCY_TABLE": "t-1", "IDEMPOTENCY_SORT_KEY_ATTR": "sk"}, need_prefix=False)
+
+
+def test_doctor_function_reads_aws_region_as_the_layer_does(monkeypatch):
+    import boto3
+
+    from idempotency_layer.cli import doctor
+
+    seen = []
+
+    class Session:
+        def __init__(self, region_name=None):
+            seen.append(region_name)
+            raise RuntimeError("stop here")
+
+    monkeypatch.setattr(boto3.session, "Session", Session)
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    with pytest.raises(RuntimeError):
+        doctor._deployed("f", None)
+    with pytest.raises(RuntimeError):
+        doctor._deployed("f", "us-east-2")
+    assert seen == ["eu-west-1", "us-east-2"]

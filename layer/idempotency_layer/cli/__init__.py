@@ -106,7 +106,8 @@ def _run(args: Any) -> int:
             if args.function is not None and not args.function.strip():
                 return _fail("doctor --function: the function name is empty", 2)
             return _doctor(args, env)
-        config = settings.load(env, need_table=args.command != "key")
+        config = settings.load(env, need_table=args.command != "key",
+                               need_prefix=args.command == "key" or getattr(args, "key", None) is None)
         if args.command == "key":
             return _key(args, config)
         if (args.key is None) == (args.event is None):

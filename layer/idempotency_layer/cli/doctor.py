@@ -258,7 +258,8 @@ class NotLambda(Exception):
 def _deployed(name: str, region: str | None) -> tuple[dict[str, Any], list[dict[str, Any]], Any]:
     import boto3  # only `doctor --function` needs it
 
-    session = boto3.session.Session(region_name=region)
+    # boto3 reads AWS_DEFAULT_REGION only; the layer and the README name AWS_REGION too (Lambda sets both).
+    session = boto3.session.Session(region_name=region or os.environ.get("AWS_REGION") or None)
     client = _client(session, "lambda")
     configuration = _bounded(lambda: client.get_function_configuration(FunctionName=name))
     if not (isinstance(configuration, dict) and isinstance(configuration.get("FunctionArn"), str)
@@ -345,7 +346,9 @@ def table_checks(config: Any, transport: Any) -> tuple[list[Check], bool]:
         description = transport.call("DescribeTable", {"TableName": table})["Table"]
     except DynamoDBError as error:
         if error.code in _CREDENTIAL_CODES:
-            return [Check("credentials", FAIL, f"DynamoDB refused them: {error.code}",
+            said = ("none found: nothing was sent" if error.code == "NoCredentialsError"
+                    else f"DynamoDB refused them: {error.code}")
+            return [Check("credentials", FAIL, said,
                           "export the credentials of the function's role (or a profile), and its Region")], False
         if error.code == "ResourceNotFoundException":
             return [Check("table", FAIL, f"no table {table!r} in {transport.region}",

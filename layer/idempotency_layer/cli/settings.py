@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 PLACEHOLDER_HANDLER = "idempotency-cli.placeholder"
 PLACEHOLDER_TABLE = "unset-table"  # `key` needs no table; every other command requires one
+PLACEHOLDER_PREFIX = "idempotency-cli-placeholder"  # `show KEY`, `purge KEY`: the key carries its prefix
 
 # option -> the environment variable it sets
 OPTIONS = (
@@ -66,14 +67,26 @@ def environment(args: Namespace, base: Mapping[str, str] | None = None) -> dict[
     return env
 
 
-def load(env: dict[str, str], need_table: bool = True) -> _config.Config:
-    """The layer's configuration from `env`; raises IdempotencyConfigurationError with init's message."""
+def load(env: dict[str, str], need_table: bool = True, need_prefix: bool = True) -> _config.Config:
+    """The layer's configuration from `env`; raises IdempotencyConfigurationError with init's message (and, for
+    a missing key prefix, the options that give one). `need_prefix`: False for a command given a whole key."""
     env = dict(env)
+    named = any((env.get(name) or "").strip() for name in ("IDEMPOTENCY_KEY_PREFIX", "AWS_LAMBDA_FUNCTION_NAME"))
+    # A stored key carries its prefix; but under a sort key the partition value derives from it, unless set.
+    derived = (env.get("IDEMPOTENCY_SORT_KEY_ATTR") or "").strip() and not (
+        env.get("IDEMPOTENCY_PARTITION_VALUE") or "").strip()
+    if not named and not need_prefix and not derived:
+        env["IDEMPOTENCY_KEY_PREFIX"] = PLACEHOLDER_PREFIX
     if not (env.get("IDEMPOTENCY_ORIGINAL_HANDLER") or "").strip():
         env["IDEMPOTENCY_ORIGINAL_HANDLER"] = PLACEHOLDER_HANDLER
     if not need_table and not (env.get("IDEMPOTENCY_TABLE") or "").strip():
         env["IDEMPOTENCY_TABLE"] = PLACEHOLDER_TABLE
-    return _config.load(env)
+    try:
+        return _config.load(env)
+    except IdempotencyConfigurationError as error:
+        if not named and str(error).startswith("IDEMPOTENCY_KEY_PREFIX is not set"):
+            raise IdempotencyConfigurationError(f"{error} (here: --function-name NAME, or --key-prefix)") from None
+        raise
 
 
 def transport(config: _config.Config, env: Mapping[str, str]) -> Any:
