@@ -22,7 +22,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "layer")]
 
 from tests.support import downloads  # noqa: E402 (needs the repository root on the path)
 from tests.support.dynamodb_local import DynamoDBLocal, create_table  # noqa: E402
-from tests.support.rie import LambdaEnvironment, lambda_arch  # noqa: E402
+from tests.support.rie import LambdaEnvironment, ensure_layer, layer_is_stale, unpack_layer  # noqa: E402
 
 TABLE = "idempotency-local"
 FUNCTION = "local-function"
@@ -82,15 +81,6 @@ def _settings(args: argparse.Namespace) -> dict[str, str]:
             raise Usage(f"--env {item!r} is not NAME=VALUE")
         variables[name] = value
     return variables
-
-
-def _unzip(zip_path: Path, opt: Path) -> None:
-    """Unzip as Lambda does, keeping the wrapper's mode bits (zipfile alone drops them)."""
-    with zipfile.ZipFile(zip_path) as zf:
-        for info in zf.infolist():
-            path = Path(zf.extract(info, opt))
-            if mode := (info.external_attr >> 16) & 0o777:
-                path.chmod(mode)
 
 
 def _python(wanted: str | None) -> tuple[str, Path]:
@@ -165,16 +155,19 @@ def _show(events: list[str], variables: dict[str, str], endpoint: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     variables = _settings(args)
-    zip_path = ROOT / "dist" / f"idempotency-layer-{lambda_arch()}.zip"
-    if not zip_path.exists():
-        print(f"{zip_path} is missing: run ./build.sh first", file=sys.stderr)
+    if layer_is_stale(ROOT):
+        print("building the layer (./build.sh build): its sources are newer than the zip", flush=True)
+    try:
+        zip_path = ensure_layer(ROOT)
+    except RuntimeError as error:
+        print(f"./build.sh invoke: {error}", file=sys.stderr)
         return 1
     version, python = _python(args.python)
     work = Path(tempfile.mkdtemp(prefix="idempotency-invoke-"))
     print(f"logs and the copied code: {work}")
     task, opt = work / "task", work / "opt"
     shutil.copytree(args.code, task, ignore=shutil.ignore_patterns("__pycache__", ".git"))
-    _unzip(zip_path, opt)
+    unpack_layer(zip_path, opt)
     ddb, env = DynamoDBLocal(work / "dynamodb.log"), None
     try:
         ddb.start()
