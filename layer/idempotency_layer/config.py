@@ -387,7 +387,7 @@ _DECIDED = (
 
 # module.qualname as Powertools joins them: any text without spaces, with a dot between non-empty parts
 # (app.handler, my-app.handler, app.make.<locals>.handler)
-_HANDLER_NAME = re.compile(r"[^\s.#]+(\.[^\s.#]+)+")
+_HANDLER_NAME = r"[^\s.#]+(\.[^\s.#]+)+"  # compiled only when the setting is set
 
 
 def _check_powertools(values: dict[str, Any], attributes: Attributes) -> None:
@@ -395,7 +395,7 @@ def _check_powertools(values: dict[str, Any], attributes: Attributes) -> None:
     handler = values["powertools_handler"]
     if handler is None:
         return
-    if not _HANDLER_NAME.fullmatch(handler):
+    if not re.fullmatch(_HANDLER_NAME, handler):
         raise IdempotencyConfigurationError(
             f"IDEMPOTENCY_POWERTOOLS_HANDLER={handler!r} is not a handler as Powertools names it: the module and the "
             "function, e.g. app.handler (module.qualname of the function @idempotent decorated)"

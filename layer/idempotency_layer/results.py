@@ -27,13 +27,14 @@ class Undeliverable(Exception):
         self.kind = kind
 
 
-_REFUSED_TYPE = re.compile(r"type '?([A-Za-z_][A-Za-z0-9_.]{0,120})'? is not JSON serializable")
+# Compiled by `re` when a result is first refused, not at init.
+_REFUSED_TYPE = r"type '?([A-Za-z_][A-Za-z0-9_.]{0,120})'? is not JSON serializable"
 
 
 def refused(error: BaseException, value: Any) -> Undeliverable:
     """The `Undeliverable` for the runtime marshaller's `error` about `value`: the type its message names (the
     json encoder's words, "Object of type X is not JSON serializable"), else the value's own type."""
-    found = _REFUSED_TYPE.search(str(error))
+    found = re.search(_REFUSED_TYPE, str(error))
     return Undeliverable(found.group(1) if found else type(value).__name__)
 
 

@@ -90,6 +90,20 @@ def world(tmp_path, monkeypatch, layer_env, proxy, table):
     sys.modules.pop("idempotency_layer.interceptor", None)
 
 
+def holding(app: Any, powertools: Any, event: dict[str, Any]) -> tuple[threading.Thread, list[Any]]:
+    """Powertools' decorated handler running `event` in a thread, held inside the handler (app.hold) once its
+    claim is written; its answer lands in the list when it is let go."""
+    app.hold = threading.Event()
+    answers: list[Any] = []
+    running = threading.Thread(target=lambda: answers.append(powertools()(event, Context())))
+    running.start()
+    deadline = time.monotonic() + 10
+    while not app.runs:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return running, answers
+
+
 def test_an_event_powertools_completed_is_replayed_and_kept_not_run_again(world):
     app, powertools, layer, proxy = world
     event = {"paymentId": "p-1", "amount": 42, "requestedAt": "10:00"}
@@ -109,14 +123,7 @@ def test_an_event_powertools_completed_is_replayed_and_kept_not_run_again(world)
 def test_an_event_powertools_holds_is_in_progress_then_replayed(world):
     app, powertools, layer, _ = world
     event = {"paymentId": "p-2", "amount": 7}
-    app.hold = threading.Event()
-    answers: list[Any] = []
-    running = threading.Thread(target=lambda: answers.append(powertools()(event, Context())))
-    running.start()
-    deadline = time.monotonic() + 10
-    while not app.runs:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    running, answers = holding(app, powertools, event)
     handler = layer()
     with pytest.raises(IdempotencyAlreadyInProgressError, match=r"Powertools' record 'payments\.pt_app\.charge#"):
         handler(event, Context())
@@ -165,14 +172,7 @@ def test_an_event_powertools_had_no_key_for_costs_no_read(world):
 def test_a_wait_covers_powertools_claim_too(world):
     app, powertools, layer, _ = world
     event = {"paymentId": "p-7", "amount": 9}
-    app.hold = threading.Event()
-    answers: list[Any] = []
-    running = threading.Thread(target=lambda: answers.append(powertools()(event, Context())))
-    running.start()
-    deadline = time.monotonic() + 10
-    while not app.runs:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    running, answers = holding(app, powertools, event)
     threading.Timer(1.0, app.hold.set).start()
     answer = layer(IDEMPOTENCY_WAIT_SECONDS="10")(event, Context())  # waits for Powertools' run to complete
     running.join(10)

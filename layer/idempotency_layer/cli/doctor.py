@@ -338,6 +338,29 @@ def _unreadable() -> Check:
                  "DynamoDB")
 
 
+def _describe_failed(error: DynamoDBError, config: Any, transport: Any) -> tuple[list[Check], bool]:
+    """What a DescribeTable that failed says, and whether the permission probe can still run."""
+    table, key = config.table, config.attributes.key
+    if error.code in _CREDENTIAL_CODES:
+        said = "none found: nothing was sent" if error.code == "NoCredentialsError" else (
+            f"DynamoDB refused them: {error.code}")
+        return [Check("credentials", FAIL, said,
+                      "export the credentials of the function's role (or a profile), and its Region")], False
+    if error.code == "ResourceNotFoundException":
+        return [Check("table", FAIL, f"no table {table!r} in {transport.region}",
+                      f"create it: aws dynamodb create-table --table-name {table} --attribute-definitions "
+                      f"AttributeName={key},AttributeType=S --key-schema AttributeName={key},KeyType=HASH "
+                      "--billing-mode PAY_PER_REQUEST --sse-specification Enabled=true (or set "
+                      "IDEMPOTENCY_TABLE / --table)")], False
+    if error.code != "AccessDeniedException":
+        return [Check("table", FAIL, f"DescribeTable failed: {error.code}: {error.message}",
+                      "retry doctor (a timeout, a throttle or a 5xx passes); else check the Region, the endpoint "
+                      "and the network")], False
+    return [Check("table", WARN, "these credentials may not call DescribeTable: schema and TTL not checked",
+                  "run doctor with dynamodb:DescribeTable and DescribeTimeToLive (the function does not "
+                  "need them)")], True
+
+
 def table_checks(config: Any, transport: Any) -> tuple[list[Check], bool]:
     """Credentials, the table, its key schema and TTL. Also whether the permission probe can run."""
     a = config.attributes
@@ -345,24 +368,7 @@ def table_checks(config: Any, transport: Any) -> tuple[list[Check], bool]:
     try:
         description = transport.call("DescribeTable", {"TableName": table})["Table"]
     except DynamoDBError as error:
-        if error.code in _CREDENTIAL_CODES:
-            said = ("none found: nothing was sent" if error.code == "NoCredentialsError"
-                    else f"DynamoDB refused them: {error.code}")
-            return [Check("credentials", FAIL, said,
-                          "export the credentials of the function's role (or a profile), and its Region")], False
-        if error.code == "ResourceNotFoundException":
-            return [Check("table", FAIL, f"no table {table!r} in {transport.region}",
-                          f"create it: aws dynamodb create-table --table-name {table} --attribute-definitions "
-                          f"AttributeName={a.key},AttributeType=S --key-schema AttributeName={a.key},KeyType=HASH "
-                          "--billing-mode PAY_PER_REQUEST --sse-specification Enabled=true (or set "
-                          "IDEMPOTENCY_TABLE / --table)")], False
-        if error.code != "AccessDeniedException":
-            return [Check("table", FAIL, f"DescribeTable failed: {error.code}: {error.message}",
-                          "retry doctor (a timeout, a throttle or a 5xx passes); else check the Region, the endpoint "
-                          "and the network")], False
-        return [Check("table", WARN, "these credentials may not call DescribeTable: schema and TTL not checked",
-                      "run doctor with dynamodb:DescribeTable and DescribeTimeToLive (the function does not "
-                      "need them)")], True
+        return _describe_failed(error, config, transport)
     except (KeyError, TypeError):  # a 200 whose body has no Table
         return [_unreadable()], False
     try:
