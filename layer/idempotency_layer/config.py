@@ -33,6 +33,7 @@ _STREAM_FAILURES = ("checkpoint", "records")
 _BATCH_RESPONSES = ("partial", "fail")  # fail: the mapping ignores partial batch responses
 _BATCH_PRECHECKS = ("auto", "always", "never")
 _HTTP_MODES = ("auto", "off")
+_DURABLE_MODES = ("pass", "execution")
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")  # an HTTP token
 _WHOLE = re.compile(r"-?[0-9]+")
 _DECIMAL = re.compile(r"-?[0-9]+(\.[0-9]+)?|-?\.[0-9]+")
@@ -125,6 +126,9 @@ if TYPE_CHECKING:
         # IDEMPOTENCY_POWERTOOLS_HANDLER: the handler as Powertools' @idempotent named it (module.function), whose
         # records a first run reads too (a migration); None: never read
         powertools_handler: str | None = None
+        # IDEMPOTENCY_DURABLE=execution: a Lambda durable execution of this function is one unit of work, keyed by
+        # its input and owned by the execution; False (pass): its invocations are passed through, never claimed
+        durable_executions: bool = False
 else:
     _ConfigFields = namedtuple("Config", (
         "disabled",
@@ -157,7 +161,8 @@ else:
         "fail_whole_batch",
         "batch_precheck",
         "powertools_handler",
-    ), defaults=(False, "Idempotency", None, None, False, "auto", None))
+        "durable_executions",
+    ), defaults=(False, "Idempotency", None, None, False, "auto", None, False))
 
 
 class Config(_ConfigFields):
@@ -382,6 +387,7 @@ _DECIDED = (
     ("http", "IDEMPOTENCY_HTTP", _HTTP_MODES, "auto", "auto"),
     ("metrics", "IDEMPOTENCY_METRICS", _METRICS, "off", "emf"),
     ("fail_whole_batch", "IDEMPOTENCY_BATCH_RESPONSE", _BATCH_RESPONSES, "partial", "fail"),
+    ("durable_executions", "IDEMPOTENCY_DURABLE", _DURABLE_MODES, "pass", "execution"),
 )
 
 
@@ -405,6 +411,30 @@ def _check_powertools(values: dict[str, Any], attributes: Attributes) -> None:
             "IDEMPOTENCY_POWERTOOLS_HANDLER reads the records of Powertools' DynamoDBPersistenceLayer as it lays them "
             "out by default: a partition key only (unset IDEMPOTENCY_SORT_KEY_ATTR), its keys prefixed with the "
             "function's name (AWS_LAMBDA_FUNCTION_NAME, which Lambda sets)"
+        )
+
+
+def _check_durable(values: dict[str, Any]) -> None:
+    """IDEMPOTENCY_DURABLE=execution holds a claim for a whole durable execution, which may run far longer than
+    any invocation: its lease is IDEMPOTENCY_IN_PROGRESS_SECONDS, which Lambda cannot tell the layer."""
+    if not values["durable_executions"]:
+        return
+    if values["in_progress_seconds"] <= 0:
+        raise IdempotencyConfigurationError(
+            "IDEMPOTENCY_DURABLE=execution needs IDEMPOTENCY_IN_PROGRESS_SECONDS: how long a durable execution may "
+            "run (set it to the function's durable execution timeout, in seconds); a claim that ends before its "
+            "execution does lets a duplicate run the workflow again"
+        )
+    if values["scope"] == "record":
+        raise IdempotencyConfigurationError(
+            "IDEMPOTENCY_DURABLE=execution keys each durable execution by its whole input, which "
+            "IDEMPOTENCY_SCOPE=record contradicts (every invocation of a durable function is an execution's); "
+            "unset IDEMPOTENCY_SCOPE"
+        )
+    if values["function_name"] is None:
+        raise IdempotencyConfigurationError(
+            "IDEMPOTENCY_DURABLE=execution recognises this function's durable executions by its name, and "
+            "AWS_LAMBDA_FUNCTION_NAME (which Lambda sets) is not set"
         )
 
 
@@ -493,6 +523,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
     values.update((field, _choice(env, variable, default, accepted) == meaning)
                   for field, variable, accepted, default, meaning in _DECIDED)
     _check_powertools(values, attributes)
+    _check_durable(values)
     if caller_headers and not values["http"]:
         # Caller headers scope only the requests the layer handles as HTTP: ignored, every caller shares a key.
         raise IdempotencyConfigurationError(

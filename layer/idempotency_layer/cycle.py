@@ -101,12 +101,14 @@ class Outcome(_OutcomeFields):
 if TYPE_CHECKING:
     class _ClaimedFields(NamedTuple):
         owner: str
+        held: bool = False
 else:
-    _ClaimedFields = namedtuple("Claimed", ("owner",))
+    _ClaimedFields = namedtuple("Claimed", ("owner", "held"), defaults=(False,))
 
 
 class Claimed(_ClaimedFields):
-    """`claim`'s answer when we hold the claim: our owner token, for the completion or the release."""
+    """`claim`'s answer when we hold the claim: our owner token, for the completion or the release; `held`: the
+    live claim there was already this owner's (a durable execution invoked again, or our own write retried)."""
     __slots__ = ()
 
 
@@ -249,31 +251,44 @@ class Cycle:
         ours, its live claim or another payload refused, and the handler runs only when it says nothing.
         """
         results = results or self.results
-        self.check()
-        try:
-            cached = self.cached(inv, key, fingerprint)
-            if cached is not None:
-                inv.count("LocalCacheReplays")
-                return Outcome(self._decode(key, cached, results), True)
-            try:
-                claimed = self.claim(inv, key, fingerprint)
-            except IdempotencyAlreadyInProgressError:
-                if self.wait_seconds <= 0:
-                    raise
-                claimed = self._wait(inv, key, fingerprint)
-        except (IdempotencyAlreadyInProgressError, IdempotencyPayloadMismatchError) as error:
-            in_progress = isinstance(error, IdempotencyAlreadyInProgressError)
-            inv.count("InProgressConflicts" if in_progress else "PayloadMismatches")
-            raise
-        if isinstance(claimed, Found):
-            inv.count("Replays")
-            return self._replay(claimed.record, results)
+        taken = self.take(inv, key, fingerprint)
+        if isinstance(taken, codec.Encoded):
+            return Outcome(self.decode(key, taken, results), True)
+        if isinstance(taken, Found):
+            return self.replay(taken.record, results)
+        claimed = taken
         if earlier is not None:
             replayed = self._earlier(inv, key, claimed.owner, earlier, results)
             if replayed is not None:
                 return replayed
         inv.count("FirstExecutions")
         return Outcome(self._invoke(inv, key, claimed.owner, invoke, results, keep), False)
+
+    def take(self, inv: Invocation, key: str, fingerprint: str | None = None,
+             owner: str | None = None) -> Claimed | Found | codec.Encoded:
+        """What serving `key` starts with: its result from the local cache (`codec.Encoded`), else the claim
+        (`Claimed`, or `Found` with the completed record), waiting IDEMPOTENCY_WAIT_SECONDS on a live claim; every
+        outcome counted. `owner`: the claim's owner token when the caller has one (a durable execution's ARN),
+        else a random one. Raises what `claim` raises, the in-progress error once the wait is spent."""
+        self.check()
+        try:
+            cached = self.cached(inv, key, fingerprint)
+            if cached is not None:
+                inv.count("LocalCacheReplays")
+                return cached
+            try:
+                claimed = self.claim(inv, key, fingerprint, owner=owner)
+            except IdempotencyAlreadyInProgressError:
+                if self.wait_seconds <= 0:
+                    raise
+                claimed = self._wait(inv, key, fingerprint, owner)
+        except (IdempotencyAlreadyInProgressError, IdempotencyPayloadMismatchError) as error:
+            in_progress = isinstance(error, IdempotencyAlreadyInProgressError)
+            inv.count("InProgressConflicts" if in_progress else "PayloadMismatches")
+            raise
+        if isinstance(claimed, Found):
+            inv.count("Replays")
+        return claimed
 
     # -- the steps, for callers that run many keys around one handler call (batch records) ----------------
 
@@ -376,23 +391,28 @@ class Cycle:
         return records
 
     def claim(self, inv: Invocation, key: str, fingerprint: str | None = None,
-              remaining_ms: int | None = None) -> Claimed | Found:
+              remaining_ms: int | None = None, owner: str | None = None) -> Claimed | Found:
         """Claim `key` for `inv`: `Claimed` with our owner token, or `Found` with the completed record there.
 
-        The claim lasts `remaining_ms` (by default what `inv` had left when it started). Raises
+        The claim lasts `remaining_ms` (by default what `inv` had left when it started), and at least
+        IDEMPOTENCY_IN_PROGRESS_SECONDS. `owner`: the owner token to claim as (default: a new random one); a live
+        claim already this owner's is ours (`held`), never refused. Raises
         `IdempotencyPayloadMismatchError` when the live record there was claimed with another fingerprint, else
         `IdempotencyAlreadyInProgressError` when another invocation holds a live claim, else the store's error
         (a claim that may have landed is withdrawn first). Safe to call from several threads at once.
         """
-        owner = os.urandom(16).hex()
+        given = owner is not None
+        owner = owner or os.urandom(16).hex()
         remaining = inv.remaining_ms if remaining_ms is None else remaining_ms
         try:
             record = self._claim(inv, key, owner, remaining, fingerprint)
         except IdempotencyPersistenceLayerError as error:
-            if error.uncertain:
+            if error.uncertain and not given:  # a given owner's live claim may be one an earlier invocation made
                 self._withdraw(inv, key, owner)
             raise
-        return Claimed(owner) if record is None else Found(record)
+        if isinstance(record, Record):
+            return Found(record)
+        return Claimed(owner, record)
 
     def _withdraw(self, inv: Invocation, key: str, owner: str) -> None:
         # The claim may have landed though it failed (its answer lost, a 5xx), and would block the key until the
@@ -496,7 +516,8 @@ class Cycle:
     # -- internals ----------------------------------------------------------------------------------------
 
     def _claim(self, inv: Invocation, key: str, owner: str, remaining_ms: int,
-               fingerprint: str | None) -> Record | None:
+               fingerprint: str | None) -> Record | bool:
+        """The completed record there, or whether the live claim was already `owner`'s (False: ours now)."""
         claim_by = _claim_by(inv.deadline)
         for _ in range(MAX_CLAIM_ATTEMPTS):
             now = self.clock()
@@ -505,8 +526,11 @@ class Cycle:
             expires_at = max(int(now) + self.ttl_seconds, -(-in_progress_until // 1000))
             record = inv.request(self.store.claim, key, owner, now, in_progress_until, expires_at, fingerprint,
                                  claim_by)
-            if record is None or record.owner == owner:  # ours: the transport retried our own write
-                return None
+            if record is None:
+                return False
+            if record.owner == owner and record.status != COMPLETED:
+                # ours: the transport retried our own write, or the owner (a durable execution) is invoked again
+                return True
             now = self.clock()
             if not record.is_expired(now):
                 if record.status == COMPLETED or not record.is_claim_expired(now):
@@ -524,7 +548,8 @@ class Cycle:
             "the client clock and the table disagree"
         )
 
-    def _decode(self, key: str, result: codec.Encoded, results: Results | None = None) -> Any:
+    def decode(self, key: str, result: codec.Encoded, results: Results | None = None) -> Any:
+        """A stored result, as the handler returned it; raises the layer's error for one it cannot hand back."""
         if result.format == codec.DONE:
             raise IdempotencyKeyError(
                 f"key {key!r} was completed as a batch record, which keeps no result, so this event cannot be "
@@ -550,7 +575,8 @@ class Cycle:
                 f"{type(error).__name__}"
             ) from None
 
-    def _wait(self, inv: Invocation, key: str, fingerprint: str | None) -> Claimed | Found:
+    def _wait(self, inv: Invocation, key: str, fingerprint: str | None, owner: str | None = None
+              ) -> Claimed | Found:
         """Wait for the live claim on `key` to end: the completed record to replay, or our own claim once it was
         released or expired. Raises the in-progress error when the wait or the invocation runs out first."""
         started = time.monotonic()
@@ -586,7 +612,7 @@ class Cycle:
             # Released or expired: claim it ourselves, for the time this invocation has left.
             left_ms = inv.remaining_ms - int((time.monotonic() - started) * 1000)
             try:
-                claimed = self.claim(inv, key, fingerprint, left_ms)
+                claimed = self.claim(inv, key, fingerprint, left_ms, owner)
             except IdempotencyAlreadyInProgressError:
                 continue  # another copy claimed it first: wait for that one
             inv.count("WaitsReplayed" if isinstance(claimed, Found) else "WaitsClaimed")
@@ -599,11 +625,13 @@ class Cycle:
             "for it (IDEMPOTENCY_WAIT_SECONDS)"
         )
 
-    def _replay(self, record: Record, results: Results | None = None) -> Outcome:
+    def replay(self, record: Record, results: Results | None = None) -> Outcome:
+        """The completed `record`'s result, decoded (and kept in the local cache); raises the layer's error for a
+        result it cannot hand back (too large, undeliverable, a batch record's)."""
         result = record.result
         if result is None:
             raise IdempotencyPersistenceLayerError(f"record {record.key!r} is completed but has no result format")
-        value = self._decode(record.key, result, results)
+        value = self.decode(record.key, result, results)
         if self.cache is not None:
             self.cache.put(record.key, record.expires_at, result, record.owner)
         return Outcome(value, True)

@@ -3,6 +3,9 @@
     run(plan, event, context, inv)
       notes said; the plan's refusal raised (an HTTP request's answered 400)
       DURABLE  the handler, unclaimed
+      EXECUTION  cycle.take as the execution (its ARN the owner) -> the handler, its answer settling the claim
+                 (SUCCEEDED completes, FAILED releases, PENDING or a raise keeps it) | another execution's copy:
+                 the stored result answered SUCCEEDED, the layer's refusal answered FAILED
       EVENT    no key: the handler, unguarded | cycle.run: claim, handler, complete or release; or replay
       HTTP     the same, with the request's results and keep rule; the layer's errors answered as problems
       BATCH    look up / pre-check -> claims (concurrent, the first store failure stops the rest)
@@ -23,10 +26,12 @@ from .cycle import Claimed, Found
 from .errors import (
     IdempotencyAlreadyInProgressError,
     IdempotencyError,
+    IdempotencyKeyError,
     IdempotencyPayloadMismatchError,
+    IdempotencyPersistenceLayerError,
 )
 from .log import fields
-from .plan import BATCH, DURABLE, HTTP, MISMATCH
+from .plan import BATCH, DURABLE, EXECUTION, HTTP, MISMATCH
 from .store import Record
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
@@ -77,6 +82,20 @@ class Pool:
         return list(self._threads.map(call, items))
 
 
+def _result_text(key: str, value: Any) -> str:
+    """A stored result as a durable execution's `Result`: the JSON text an execution ended with (or the text the
+    runtime sent for a whole event's run of the same key), or a value such a run stored, as JSON."""
+    if isinstance(value, str):
+        return value
+    import json
+
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        raise IdempotencyKeyError(f"key {key!r} holds a result stored by a run that was not a durable execution's, "
+                                  "which cannot be an execution's result") from None
+
+
 def _fails_the_batch(claimed: Any) -> bool:
     """A claim's failure that fails the whole batch (the store's, the settings'), not only its record's."""
     return isinstance(claimed, Exception) and not isinstance(
@@ -106,6 +125,8 @@ class Executor:
         request's answered as a problem response)."""
         if plan.kind == DURABLE:
             return self._durable(event, context, inv)
+        if plan.kind == EXECUTION:
+            return self._execution(plan, event, context, inv)
         if plan.kind == HTTP:
             return self._request(plan, event, context, inv)
         if plan.kind == BATCH:
@@ -130,6 +151,68 @@ class Executor:
         inv.describe(DURABLE)
         inv.count("PassThroughs")
         return self.handler(event, context)
+
+    def _execution(self, plan: Plan, event: Any, context: Any, inv: Invocation) -> Any:
+        from .results import ValueResults
+        from .sources import durable
+
+        results = ValueResults()  # an execution's result is JSON text, stored and answered as that text
+
+        unit = plan.units[0]
+        inv.describe(EXECUTION, unit.key)
+        if plan.refusal is not None:  # answered, not raised: a raise would have the service invoke it again
+            logger.warning("%s", plan.refusal, extra=fields(None, "not_claimed"))
+            return durable.failed(plan.refusal)
+        self._say(plan)
+        key = unit.key
+        if key is None:
+            inv.count("PassThroughs")
+            return self.handler(event, context)
+        try:
+            taken = self.cycle.take(inv, key, unit.fingerprint, owner=plan.execution)
+            if isinstance(taken, codec.Encoded):
+                return durable.succeeded(_result_text(key, self.cycle.decode(key, taken, results)))
+            if isinstance(taken, Found):
+                return durable.succeeded(_result_text(key, self.cycle.replay(taken.record, results).value))
+        except IdempotencyPersistenceLayerError:
+            raise  # the store could not be used: the service invokes the execution again, nothing ran
+        except IdempotencyError as error:
+            # Another execution with this key, or a result that cannot be handed back: this execution fails, and
+            # its delivery is retried or dead-lettered by its source; nothing of the workflow runs.
+            return durable.failed(error)
+        inv.count("OwnerInvocations" if taken.held else "FirstExecutions")
+        answer = self.handler(event, context)  # a raise keeps the claim: the service invokes the execution again
+        self._settle(inv, key, taken.owner, answer, results)
+        return answer
+
+    def _settle(self, inv: Invocation, key: str, owner: str, answer: Any, results: Any) -> None:
+        """The execution's claim follows its answer: SUCCEEDED completes it with the result text, FAILED releases
+        it, PENDING keeps it for the execution's next invocation."""
+        from .sources import durable
+
+        state = durable.status(answer)
+        if state == durable.FAILED:
+            self.cycle.release(inv, key, owner)
+        elif state == durable.SUCCEEDED:
+            text = answer.get("Result")
+            if isinstance(text, str) and text:
+                try:
+                    result = results.encode(text)[1]
+                except Exception as error:  # our own failure: complete without the result, never run again
+                    logger.error("result of key %r cannot be stored (%s); duplicates will fail", key,
+                                 type(error).__name__, extra=fields(key, "first_run"))
+                    result = codec.Encoded(codec.TOO_LARGE, None)
+            else:  # the SDK checkpointed a result over Lambda's response limit, and answered without it
+                result = codec.Encoded(codec.TOO_LARGE, None)
+            if result.format == codec.TOO_LARGE:
+                logger.warning("result of key %r's durable execution is too large to store; duplicate executions "
+                               "will fail with IdempotencyResultTooLargeError", key, extra=fields(key, "first_run"))
+                inv.count("ResultsTooLarge")
+            inv.count("ExecutionsCompleted")
+            self.cycle.complete(inv, key, owner, result)
+        elif state is None:
+            logger.warning("the handler answered a durable execution's invocation with no Status SUCCEEDED, FAILED "
+                           "or PENDING; key %r stays claimed for the execution", key, extra=fields(key))
 
     def _whole(self, plan: Plan, event: Any, context: Any, inv: Invocation) -> Any:
         if plan.refusal is not None:

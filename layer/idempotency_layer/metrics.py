@@ -30,6 +30,8 @@ logger = logging.getLogger(LOGGER_NAME)
 # The counts, in the order documents and lines give them (docs/metrics-and-logs.md says what each counts).
 COUNTS = (
     "FirstExecutions",
+    "OwnerInvocations",
+    "ExecutionsCompleted",
     "Replays",
     "LocalCacheReplays",
     "InProgressConflicts",
@@ -46,7 +48,7 @@ COUNTS = (
     "ResultsTooLarge",
     "StoreErrors",
 )
-SOURCES = ("event", "batch", "http", "durable")
+SOURCES = ("event", "batch", "http", "durable", "execution")
 DIMENSIONS = ("FunctionName", "Source")
 
 # What an invocation's line says of each outcome; `outcome` picks one from its counts.
@@ -63,12 +65,20 @@ _OUTCOMES = {
     "mismatch": "payload mismatch: the key was used before with another payload; the handler did not run",
     "passed_through": "passed through: no key, the handler ran without idempotency",
     "durable": "a durable execution's invocation: passed through, never claimed",
+    "execution_claimed": "first invocation of a durable execution: it claimed the key and ran; the claim stays "
+                         "until the execution succeeds or fails",
+    "execution_owner": "an invocation of the durable execution that owns the key: it ran",
+    "execution_completed": "the durable execution that owns the key succeeded: its result is stored for "
+                           "duplicate executions",
+    "execution_released": "the durable execution that owns the key failed: released, so a later delivery runs again",
     "store_error": "store error: the table could not be used; the handler did not run",
     "not_claimed": "no claim made: the key was refused, or this environment runs no handler",
 }
 # Batch lines name counts of records by these words.
 _WORDS = {
-    "FirstExecutions": "first run(s)", "Replays": "replay(s)", "LocalCacheReplays": "local-cache replay(s)",
+    "FirstExecutions": "first run(s)", "OwnerInvocations": "owner invocation(s)",
+    "ExecutionsCompleted": "execution(s) completed",
+    "Replays": "replay(s)", "LocalCacheReplays": "local-cache replay(s)",
     "InProgressConflicts": "in progress", "PayloadMismatches": "mismatch(es)", "PassThroughs": "passed through",
     "Waits": "wait(s)", "Releases": "released", "ReleaseFailures": "release failure(s)",
     "CompletionRetries": "completion retries",
@@ -85,7 +95,7 @@ class Tally:
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
-        self.kind = "event"  # event, batch, http or durable: set by the runner that serves the invocation
+        self.kind = "event"  # event, batch, http, durable or execution: set by the runner that serves the invocation
         self.key: str | None = None  # a whole event's or a request's stored key
         self.records = 0  # a batch's
         self.store_s = 0.0  # time spent in the store's requests, summed (a batch's concurrent ones too)
@@ -123,6 +133,8 @@ def outcome(tally: Tally) -> str | None:
         return "mismatch"
     if counts.get("InProgressConflicts"):
         return "in_progress"
+    if tally.kind == "execution" and (counts.get("FirstExecutions") or counts.get("OwnerInvocations")):
+        return _execution(counts)
     if counts.get("FirstExecutions"):
         if counts.get("ReleaseFailures"):
             return "release_failed"
@@ -136,6 +148,17 @@ def outcome(tally: Tally) -> str | None:
     if counts.get("StoreErrors"):
         return "store_error"
     return "not_claimed"
+
+
+def _execution(counts: dict[str, int]) -> str:
+    """What an invocation of the durable execution that holds its key did with the claim."""
+    if counts.get("ReleaseFailures"):
+        return "release_failed"
+    if counts.get("Releases"):
+        return "execution_released"
+    if counts.get("ExecutionsCompleted"):
+        return "not_completed" if counts.get("CompletionFailures") else "execution_completed"
+    return "execution_claimed" if counts.get("FirstExecutions") else "execution_owner"
 
 
 def filter_level(env: Any) -> str | None:

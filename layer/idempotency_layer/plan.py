@@ -6,6 +6,8 @@ units of work: one unit for a whole event or an HTTP request, one per record for
 
     kind      units                                          carried out as
     DURABLE   none                                           the handler, unclaimed (a durable execution's)
+    EXECUTION one: the durable execution's input's key       claim as the execution, run; the answer settles it;
+                                                             or the stored result (another execution's copy)
     EVENT     one: the event's key (or none)                 claim, run, complete or release; or replay
     HTTP      one: the request's scoped key (or none)        the same, the layer's errors answered as problems
     BATCH     one per record: key, fingerprint, group        claims, one handler call, each record settled
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 from collections import namedtuple
 
-DURABLE, EVENT, HTTP, BATCH = "durable", "event", "http", "batch"
+DURABLE, EXECUTION, EVENT, HTTP, BATCH = "durable", "execution", "event", "http", "batch"
 
 
 # Why a unit cannot run (Unit.refused).
@@ -69,15 +71,16 @@ class Note(_NoteFields):
 
 if TYPE_CHECKING:
     class _PlanFields(NamedTuple):
-        kind: str  # DURABLE, EVENT, HTTP or BATCH
+        kind: str  # DURABLE, EXECUTION, EVENT, HTTP or BATCH
         units: tuple[Unit, ...] = ()
         request: Any = None  # HTTP: the parsed request (sources.http.Request)
         batch: Any = None  # BATCH: the parsed batch (sources.batches.Batch)
         refusal: Exception | None = None
         notes: tuple[Note, ...] = ()
+        execution: str | None = None  # EXECUTION: the durable execution's ARN, the owner of its claim
 else:
-    _PlanFields = namedtuple("Plan", ("kind", "units", "request", "batch", "refusal", "notes"),
-                          defaults=((), None, None, None, ()))
+    _PlanFields = namedtuple("Plan", ("kind", "units", "request", "batch", "refusal", "notes", "execution"),
+                          defaults=((), None, None, None, (), None))
 
 
 class Plan(_PlanFields):

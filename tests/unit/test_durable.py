@@ -107,7 +107,8 @@ def test_the_cli_says_a_durable_invocation_has_no_key(tmp_path, monkeypatch, cap
     assert cli.main(["key", "--event", str(path), "--key-jmespath", "CheckpointToken"]) == 1
     assert capsys.readouterr().out.splitlines() == [
         "source: durable execution",
-        "no key: a Lambda durable execution's invocation: the layer never claims it (a pass-through)"]
+        "no key: a Lambda durable execution's invocation: the layer never claims it (a pass-through; "
+        "IDEMPOTENCY_DURABLE=execution keys the execution by its input)"]
 
 
 def test_the_cli_without_a_function_name_says_what_it_hinges_on(tmp_path, monkeypatch, capsys):
@@ -126,3 +127,26 @@ def test_the_cli_without_a_function_name_says_what_it_hinges_on(tmp_path, monkey
                        f"in {REGION}: the layer passes it through, unclaimed, when it runs as that function there; "
                        "pass --function-name (and --region) to know"]
     assert out[3].startswith("orders#")
+
+
+def test_the_cli_gives_an_executions_key_and_names_the_execution(tmp_path, monkeypatch, capsys):
+    import json
+
+    from idempotency_layer import cli
+
+    path = tmp_path / "durable.json"
+    operation = {"Id": ARN.rsplit("/", 1)[-1], "Type": "EXECUTION", "ExecutionDetails": {
+        "InputPayload": json.dumps({"orderId": "o-7"})}}
+    path.write_text(json.dumps(envelope(InitialExecutionState={"Operations": [operation]})))
+    for name in ("IDEMPOTENCY_SCOPE", "IDEMPOTENCY_KEY_PREFIX"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_LAMBDA_FUNCTION_NAME", FUNCTION)
+    monkeypatch.setenv("IDEMPOTENCY_DURABLE", "execution")
+    monkeypatch.setenv("IDEMPOTENCY_IN_PROGRESS_SECONDS", "3600")
+    assert cli.main(["key", "--event", str(path), "--key-jmespath", "orderId"]) == 0
+    expected = KeyDeriver(FUNCTION, "orderId", None).key({"orderId": "o-7"})
+    assert capsys.readouterr().out.splitlines() == [
+        "source: durable execution, keyed by its input (IDEMPOTENCY_DURABLE=execution)",
+        f"execution: {ARN} (`show --event` says whether it owns the key)",
+        "key from: IDEMPOTENCY_KEY_JMESPATH='orderId', applied to the execution's input",
+        expected]

@@ -112,7 +112,7 @@ def _run(args: Any) -> int:
             return _key(args, config)
         if (args.key is None) == (args.event is None):
             return _fail(f"{args.command}: give either KEY or --event FILE", 2)
-        keys = [args.key] if args.key is not None else _event_keys(args, config)
+        keys, execution = ([args.key], None) if args.key is not None else _event_keys(args, config)
         try:
             store = settings.store(config, env)
         except Exception as error:
@@ -120,7 +120,7 @@ def _run(args: Any) -> int:
             if problem is not None:
                 return _fail(problem, 2)
             return _fail(f"the DynamoDB client could not be set up: {type(error).__name__}: {error}", 1)
-        return _show(args, store, keys) if args.command == "show" else _purge(args, store, keys)
+        return _show(args, store, keys, execution) if args.command == "show" else _purge(args, store, keys)
     except IdempotencyConfigurationError as error:
         return _fail(str(error), 2)
     except EventFileError as error:
@@ -131,7 +131,8 @@ def _run(args: Any) -> int:
         return _fail(str(error), 1)
 
 
-def _event_keys(args: Any, config: Any) -> list[str]:
+def _event_keys(args: Any, config: Any) -> tuple[list[str], str | None]:
+    """The event's keys, and the durable execution it is the envelope of (IDEMPOTENCY_DURABLE=execution)."""
     from .derive import derive, keys_of, read_event
     from .records import Refused
 
@@ -140,7 +141,7 @@ def _event_keys(args: Any, config: Any) -> list[str]:
     if not found:
         reasons = [facts["error"]] if facts.get("error") else [entry["reason"] for entry in facts["entries"]]
         raise Refused(f"the event has no key: {reasons[0] if reasons else 'an empty batch'}")
-    return found
+    return found, facts.get("execution")
 
 
 def _key(args: Any, config: Any) -> int:
@@ -153,7 +154,7 @@ def _key(args: Any, config: Any) -> int:
     return 0 if facts["keys"] else 1
 
 
-def _show(args: Any, store: Any, keys: list[str]) -> int:
+def _show(args: Any, store: Any, keys: list[str], execution: str | None = None) -> int:
     import time
 
     from .output import emit
@@ -166,6 +167,8 @@ def _show(args: Any, store: Any, keys: list[str]) -> int:
             missing.append(key)
         else:
             shown.append(facts(record, time.time(), args.result))
+            if execution is not None:  # the envelope of a durable execution: does that execution hold the key?
+                shown[-1]["this_execution_owns_it"] = record.owner == execution
 
     def text(found: dict[str, Any]) -> list[str]:
         lines: list[str] = []

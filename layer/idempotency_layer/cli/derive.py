@@ -7,7 +7,7 @@ import json
 
 from ..errors import IdempotencyKeyError
 from ..keys import KeyDeriver
-from ..plan import BATCH, DURABLE, HTTP, MISMATCH, NO_FINGERPRINT, NO_KEY, REQUIRED, Plan, Unit
+from ..plan import BATCH, DURABLE, EXECUTION, HTTP, MISMATCH, NO_FINGERPRINT, NO_KEY, REQUIRED, Plan, Unit
 from ..sources import plan
 from ..sources.durable import durable_target
 
@@ -77,7 +77,13 @@ def derive(config: Config, event: Any) -> dict[str, Any]:
         return {"source": "none", "entries": [], "error": str(error)}
     if found.kind == DURABLE:
         return {"source": "durable", "entries": [{"key": None, "reason": (
-            "a Lambda durable execution's invocation: the layer never claims it (a pass-through)")}]}
+            "a Lambda durable execution's invocation: the layer never claims it (a pass-through; "
+            "IDEMPOTENCY_DURABLE=execution keys the execution by its input)")}]}
+    if found.kind == EXECUTION:
+        entry = ({"key": None, "reason": f"{found.refusal} (the execution is answered FAILED)"}
+                 if found.units[0].refused == NO_KEY else _whole(config, found))
+        return {"source": "execution", "execution": found.execution,
+                "rule": f"{rule(config, None)}, applied to the execution's input", "entries": [entry]}
     facts = _facts(config, found)
     target = durable_target(event)
     if target is not None and config.function_name is None:
@@ -183,6 +189,9 @@ def text(facts: dict[str, Any]) -> list[str]:
         lines.append("source: whole event")
     elif source == "durable":
         lines.append("source: durable execution")
+    elif source == "execution":
+        lines.append("source: durable execution, keyed by its input (IDEMPOTENCY_DURABLE=execution)")
+        lines.append(f"execution: {facts['execution']} (`show --event` says whether it owns the key)")
     if facts.get("rule"):
         lines.append(f"key from: {facts['rule']}")
     if facts.get("note"):

@@ -115,6 +115,9 @@ def show_text(shown: dict[str, Any]) -> list[str]:
                                   else f"{clean(shown['result_format'])}, {shown['result_bytes'] or 0} bytes stored"),
         f"fingerprint:       {clean(shown['fingerprint'] or '-')}",
     ]
+    if "this_execution_owns_it" in shown:
+        lines.append("this execution:    " + ("owns the key" if shown["this_execution_owns_it"]
+                                              else "does not own the key (another run's record)"))
     if "result" in shown:
         decoded = shown["result"]
         if "value" in decoded:

@@ -2,6 +2,7 @@
 
     plan(config, keys, event)
       a durable execution's invocation of this function      -> DURABLE, passed through  (sources.durable)
+                                   (IDEMPOTENCY_DURABLE=execution) -> EXECUTION, one unit: its input's key
       an API Gateway, Function URL or ALB request             -> HTTP, one unit            (sources.http)
       an SQS, Kinesis, DynamoDB Streams, Kafka, Amazon MQ batch -> BATCH, a unit per record (sources.batch)
       anything else                                           -> EVENT, one unit           (here)
@@ -15,7 +16,7 @@ from __future__ import annotations
 import logging
 
 from ..errors import IdempotencyKeyError
-from ..plan import DURABLE, EVENT, REQUIRED, Note, Plan, Unit
+from ..plan import DURABLE, EVENT, EXECUTION, NO_KEY, REQUIRED, Note, Plan, Unit
 from .durable import is_durable
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
@@ -32,7 +33,7 @@ def plan(settings: Any, keys: KeyDeriver, event: Any) -> Plan:
     """What the layer does with `event` under `settings` (a `config.Config`). Raises IdempotencyKeyError for an
     event no source may take: a malformed batch, or no batch under IDEMPOTENCY_SCOPE=record."""
     if is_durable(event, settings.function_name, settings.region):  # whatever the scope and key settings
-        return Plan(DURABLE)
+        return execution(settings, keys, event) if settings.durable_executions else Plan(DURABLE)
     if (settings.http and settings.scope != "record" and isinstance(event, dict)
             and isinstance(event.get("requestContext"), dict)):
         from . import http  # only functions behind an HTTP source pay for its import
@@ -50,6 +51,18 @@ def plan(settings: Any, keys: KeyDeriver, event: Any) -> Plan:
         if found is not None:
             return batch.plan(settings, keys, found, event)
     return whole(settings, keys, event)
+
+
+def execution(settings: Any, keys: KeyDeriver, event: dict[str, Any]) -> Plan:
+    """A durable execution's invocation under IDEMPOTENCY_DURABLE=execution: one unit, keyed by the execution's
+    input as a whole event is keyed, owned by the execution (its ARN). An input that cannot be read refuses it."""
+    from .durable import execution_input
+
+    try:
+        arn, given = execution_input(event)
+    except IdempotencyKeyError as error:
+        return Plan(EXECUTION, (Unit(None, refused=NO_KEY),), refusal=error, execution=event["DurableExecutionArn"])
+    return whole(settings, keys, given)._replace(kind=EXECUTION, execution=arn)
 
 
 def whole(settings: Any, keys: KeyDeriver, event: Any) -> Plan:
