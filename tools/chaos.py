@@ -35,6 +35,9 @@ re-run (after a kill or an overrun, once that run's claim could have ended), rep
 does not expect (`Runtime.ExitError` among them) fails it too: an environment is killed as one (the emulator
 stopped first), so no such answer is the kill's own doing.
 
+`--durable` runs the durable soak instead (tools/durable_soak.py: durable executions fed twice, with AWS's durable
+execution SDK and its local runner; `--durable --help` for its flags).
+
 `--compare-persistence` runs the soak twice at a high fault rate: with the built layer, and with a copy of it
 whose completion write is not retried (COMPLETE_MARGIN_MS made huge, so its first failure gives up).
 """
@@ -1203,6 +1206,10 @@ def _terminated(signum: int, frame: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if "--durable" in (sys.argv[1:] if argv is None else argv):  # durable executions fed twice: its own soak
+        from tools import durable_soak
+
+        return durable_soak.main([arg for arg in (sys.argv[1:] if argv is None else argv) if arg != "--durable"])
     args = _parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _terminated)
     fault_rate = args.fault_rate if args.fault_rate is not None else (0.3 if args.compare_persistence else 0.05)

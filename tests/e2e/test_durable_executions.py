@@ -60,7 +60,7 @@ def durable(environments, ddb_client, durable_task_root, tmp_path, primary):
 
 
 def charges(ledger: Path) -> list[str]:
-    return ledger.read_text().split()
+    return [line.split()[0] for line in ledger.read_text().splitlines()]
 
 
 def items(ddb_client: Any, table: str) -> list[dict[str, Any]]:

@@ -38,7 +38,7 @@ def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def charges(ledger: Path) -> list[str]:
-    return ledger.read_text().split()
+    return [line.split()[0] for line in ledger.read_text().splitlines()]
 
 
 @pytest.fixture
