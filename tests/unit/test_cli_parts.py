@@ -395,3 +395,24 @@ def test_doctor_function_reads_aws_region_as_the_layer_does(monkeypatch):
     with pytest.raises(RuntimeError):
         doctor._deployed("f", "us-east-2")
     assert seen == ["eu-west-1", "us-east-2"]
+
+
+def test_durable_check():
+    """`doctor --function` on a durable function (moto's Lambda has none: the pure check, given
+    GetFunctionConfiguration's DurableConfig as Lambda's API documents it)."""
+    from idempotency_layer import config as _config
+    from idempotency_layer.cli.doctor import durable_check
+
+    base = {"IDEMPOTENCY_TABLE": "orders", "IDEMPOTENCY_ORIGINAL_HANDLER": "app.handler",
+            "AWS_LAMBDA_FUNCTION_NAME": "f"}
+    passing = _config.load(base)
+    execution = _config.load({**base, "IDEMPOTENCY_DURABLE": "execution", "IDEMPOTENCY_IN_PROGRESS_SECONDS": "3600"})
+    assert durable_check(None, passing, 2) is None
+    assert durable_check(None, execution, 0).status == WARN
+    assert durable_check({"ExecutionTimeout": 86400}, passing, 0).status == PASS
+    warned = durable_check({"ExecutionTimeout": 86400}, passing, 1)
+    assert warned.status == WARN and "IDEMPOTENCY_IN_PROGRESS_SECONDS=86400" in warned.fix
+    short = durable_check({"ExecutionTimeout": 86400}, execution, 1)
+    assert short.status == FAIL and short.fix == "set IDEMPOTENCY_IN_PROGRESS_SECONDS=86400"
+    assert durable_check({"ExecutionTimeout": 3600}, execution, 1).status == PASS
+    assert durable_check({"RetentionPeriodInDays": 7}, execution, 1).status == WARN

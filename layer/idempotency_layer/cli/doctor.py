@@ -156,6 +156,34 @@ def timeout_check(timeout: int, wait_seconds: float) -> Check:
     return Check("timeout", PASS, f"{timeout} s")
 
 
+def durable_check(durable: Any, config: Any, mappings: int) -> Check | None:
+    """A durable function's settings against its DurableConfig (GetFunctionConfiguration): the claim of an
+    execution must last as long as the execution may, which only the Lambda API can tell. None: nothing to say."""
+    if not isinstance(durable, dict):
+        if not config.durable_executions:
+            return None
+        return Check("durable", WARN, "IDEMPOTENCY_DURABLE=execution, but the function is not a durable function "
+                     "(no DurableConfig): the setting changes nothing", "unset IDEMPOTENCY_DURABLE")
+    timeout = durable.get("ExecutionTimeout")
+    if not config.durable_executions:
+        if mappings:
+            return Check("durable", WARN, f"a durable function fed by {mappings} event source mapping(s) under "
+                         "IDEMPOTENCY_DURABLE=pass: every delivery starts a new execution, and none is claimed",
+                         "set IDEMPOTENCY_DURABLE=execution and IDEMPOTENCY_IN_PROGRESS_SECONDS="
+                         f"{timeout or 'its execution timeout'} (docs/durable.md), or put a dispatcher in front")
+        return Check("durable", PASS, "a durable function; IDEMPOTENCY_DURABLE=pass: its invocations run unclaimed")
+    if not isinstance(timeout, int):
+        return Check("durable", WARN, "IDEMPOTENCY_DURABLE=execution; the function's DurableConfig names no "
+                     "ExecutionTimeout to compare IDEMPOTENCY_IN_PROGRESS_SECONDS with",
+                     "make sure IDEMPOTENCY_IN_PROGRESS_SECONDS is at least the durable execution timeout")
+    if config.in_progress_seconds < timeout:
+        return Check("durable", FAIL, f"IDEMPOTENCY_IN_PROGRESS_SECONDS={config.in_progress_seconds} is shorter than "
+                     f"the durable execution timeout ({timeout} s): a duplicate delivered after an execution's claim "
+                     "ended runs the workflow again", f"set IDEMPOTENCY_IN_PROGRESS_SECONDS={timeout}")
+    return Check("durable", PASS, f"IDEMPOTENCY_DURABLE=execution: a claim lasts {config.in_progress_seconds} s, the "
+                 f"durable execution timeout is {timeout} s")
+
+
 def mapping_kind(mapping: dict[str, Any]) -> str:
     arn = mapping.get("EventSourceArn") or ""
     if mapping.get("SelfManagedEventSource") or ":kafka:" in arn:
@@ -485,6 +513,7 @@ def permission_checks(store: Any, prefix: str) -> list[Check]:
 def run(args: Any, env: dict[str, str]) -> list[Check]:
     checks: list[Check] = []
     timeout = None
+    configuration: dict[str, Any] = {}
     mappings: list[dict[str, Any]] = []
     session = None
     if args.function:
@@ -534,20 +563,7 @@ def run(args: Any, env: dict[str, str]) -> list[Check]:
         if following is not None:
             checks.append(following)
     else:
-        checks.append(timeout_check(timeout or 3, config.wait_seconds))
-        for mapping in mappings:
-            queue, unread = None, None
-            if mapping_kind(mapping) == "SQS" and session is not None:
-                queue, unread = _queue(session, mapping.get("EventSourceArn", ""))
-            try:
-                found = mapping_checks(mapping, timeout or 3, queue, config.fail_whole_batch)
-            except (KeyError, TypeError, AttributeError, ValueError):
-                checks.append(_not_lambda("ListEventSourceMappings"))
-                continue
-            if unread is not None:  # say why the queue could not be read, not the generic line
-                found = [check for check in found if "could not be read" not in check.detail]
-                found.append(unread._replace(name=found[0].name if found else unread.name))
-            checks += found
+        checks += _deployment_checks(config, configuration, mappings, session, timeout or 3)
     try:
         transport = _settings.transport(config, env)
     except Exception as error:
@@ -559,6 +575,30 @@ def run(args: Any, env: dict[str, str]) -> list[Check]:
 
         store = DynamoDBStore(transport, config.table, config.attributes, config.partition_value)
         checks += permission_checks(store, config.key_prefix)
+    return checks
+
+
+def _deployment_checks(config: Any, configuration: dict[str, Any], mappings: list[dict[str, Any]], session: Any,
+                       timeout: int) -> list[Check]:
+    """The settings against the deployed function: its timeout, its durable configuration, each event source
+    mapping (and an SQS mapping's queue)."""
+    checks = [timeout_check(timeout, config.wait_seconds)]
+    durable = durable_check(configuration.get("DurableConfig"), config, len(mappings))
+    if durable is not None:
+        checks.append(durable)
+    for mapping in mappings:
+        queue, unread = None, None
+        if mapping_kind(mapping) == "SQS" and session is not None:
+            queue, unread = _queue(session, mapping.get("EventSourceArn", ""))
+        try:
+            found = mapping_checks(mapping, timeout, queue, config.fail_whole_batch)
+        except (KeyError, TypeError, AttributeError, ValueError):
+            checks.append(_not_lambda("ListEventSourceMappings"))
+            continue
+        if unread is not None:  # say why the queue could not be read, not the generic line
+            found = [check for check in found if "could not be read" not in check.detail]
+            found.append(unread._replace(name=found[0].name if found else unread.name))
+        checks += found
     return checks
 
 
