@@ -269,10 +269,11 @@ class Cycle:
         """What serving `key` starts with: its result from the local cache (`codec.Encoded`), else the claim
         (`Claimed`, or `Found` with the completed record), waiting IDEMPOTENCY_WAIT_SECONDS on a live claim; every
         outcome counted. `owner`: the claim's owner token when the caller has one (a durable execution's ARN),
-        else a random one. Raises what `claim` raises, the in-progress error once the wait is spent."""
+        else a random one; a record that owner completed is `Claimed` (`held`): the owner runs again, whatever
+        its record holds. Raises what `claim` raises, the in-progress error once the wait is spent."""
         self.check()
         try:
-            cached = self.cached(inv, key, fingerprint)
+            cached = self.cached(inv, key, fingerprint, owner)
             if cached is not None:
                 inv.count("LocalCacheReplays")
                 return cached
@@ -287,6 +288,8 @@ class Cycle:
             inv.count("InProgressConflicts" if in_progress else "PayloadMismatches")
             raise
         if isinstance(claimed, Found):
+            if owner is not None and claimed.record.owner == owner:
+                return Claimed(owner, True)
             inv.count("Replays")
         return claimed
 
@@ -297,28 +300,30 @@ class Cycle:
         if self.environment.refusal is not None:
             raise IdempotencyPersistenceLayerError(self.environment.refusal)
 
-    def cached(self, inv: Invocation, key: str, fingerprint: str | None = None) -> codec.Encoded | None:
+    def cached(self, inv: Invocation, key: str, fingerprint: str | None = None,
+               owner: str | None = None) -> codec.Encoded | None:
         """The result of `key` from this environment's memory, once one consistent read without the result says
         its record is still the one completed with it (live, completed, the same owner: not purged, not run again
-        elsewhere); else None, and the entry is dropped. A read that fails is None too: the claim decides.
+        elsewhere); else None, and the entry is dropped. A read that fails is None too: the claim decides, and so
+        it does for a record `owner` completed (a durable execution invoked again runs).
 
         Raises `IdempotencyPayloadMismatchError` when the record was claimed with another fingerprint."""
         entry = None if self.cache is None else self.cache.get(key, self.clock())
         if entry is None:
             return None
-        result, owner = entry
+        result, completed_by = entry
         try:
             record = inv.request(self.store.peek, key, _claim_by(inv.deadline))
         except IdempotencyPersistenceLayerError as error:
             logger.info("checking the cached record of key %r failed; claiming it instead: %s", key, error,
                         extra=fields(key))
             return None
-        if (record is None or record.status != COMPLETED or record.owner != owner
+        if (record is None or record.status != COMPLETED or record.owner != completed_by
                 or record.is_expired(self.clock())):
             self.cache.drop(key)  # type: ignore[union-attr]
             return None
         _check_fingerprint(key, record.fingerprint, fingerprint)
-        return result
+        return None if owner is not None and completed_by == owner else result
 
     def holds_any(self, keys: list[str]) -> bool:
         """Whether this environment's local cache holds a completed record of any of `keys`."""
@@ -426,9 +431,10 @@ class Cycle:
             logger.debug("withdrawing a claim on key %r that may have landed failed too", key,
                          extra=fields(key, "store_error"))
 
-    def complete(self, inv: Invocation, key: str, owner: str, result: codec.Encoded) -> None:
-        """Mark our claim on `key` completed with `result`. Never raises: the handler has run, and failing now
-        would make the caller retry into a second run.
+    def complete(self, inv: Invocation, key: str, owner: str, result: codec.Encoded) -> bool:
+        """Mark our claim on `key` completed with `result`: whether it landed (with the result, or without it when
+        only that fits). Never raises: the handler has run, and failing now would make the caller retry into a
+        second run.
 
         Every attempt, the transport's own retries and timeouts included, ends `RETURN_MARGIN_MS` before the
         invocation's deadline. A failure a retry may cure (throttling, a 5xx, a lost connection) is retried with
@@ -455,7 +461,8 @@ class Cycle:
             except IdempotencyPersistenceLayerError as error:
                 pause = delay * (0.5 + random.random() / 2)
                 if error.permanent or not retry_by.allows(pause):
-                    return self._completion_failed(inv, key, error, attempt)
+                    self._completion_failed(inv, key, error, attempt)
+                    return False
                 logger.warning("completing key %r failed (attempt %d), retrying in %.2f s: %s", key, attempt, pause,
                                error, extra=fields(key))
                 inv.count("CompletionRetries")
@@ -467,18 +474,19 @@ class Cycle:
                              type(error).__name__, extra=fields(key))
                 bare = result if result.data is None else codec.Encoded(codec.TOO_LARGE, None)
                 try:
-                    inv.request(self.store.complete, key, owner, bare, expires_at, last)
+                    return bool(inv.request(self.store.complete, key, owner, bare, expires_at, last))
                 except BaseException:
                     logger.error("completing key %r without its result failed too; it stays claimed until its "
                                  "deadline", key, extra=fields(key))
                     inv.count("CompletionFailures")
-                return
+                return False
         if not completed:
             logger.error("claim on key %r expired and was taken over before completion; returning our result", key,
                          extra=fields(key))
             inv.count("CompletionFailures")
         elif self.cache is not None:
             self.cache.put(key, expires_at, result, owner)
+        return bool(completed)
 
     def _completion_failed(self, inv: Invocation, key: str, error: IdempotencyPersistenceLayerError,
                            attempts: int) -> None:
@@ -492,8 +500,9 @@ class Cycle:
             )
             logger.error("%s", self.environment.refusal, extra=fields(key))
 
-    def release(self, inv: Invocation, key: str, owner: str) -> None:
-        """Delete our claim on `key`, so a retry runs the handler again. Never raises. Its requests end
+    def release(self, inv: Invocation, key: str, owner: str) -> bool:
+        """Delete our claim on `key`, so a retry runs the handler again: False when the release failed (the claim
+        may stay until it expires), True when no claim of ours is left. Never raises. Its requests end
         `RETURN_MARGIN_MS` before the invocation's deadline, so the handler's own error reaches the caller first."""
         released = "Releases"  # what the tally counts: a claim that stays is not a release
         try:
@@ -512,6 +521,7 @@ class Cycle:
             logger.error("releasing key %r failed; it stays claimed until its deadline", key, exc_info=True,
                          extra=fields(key, "release_failed"))
         inv.count(released)
+        return released == "Releases"
 
     # -- internals ----------------------------------------------------------------------------------------
 

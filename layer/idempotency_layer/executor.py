@@ -187,32 +187,50 @@ class Executor:
 
     def _settle(self, inv: Invocation, key: str, owner: str, answer: Any, results: Any) -> None:
         """The execution's claim follows its answer: SUCCEEDED completes it with the result text, FAILED releases
-        it, PENDING keeps it for the execution's next invocation."""
+        it, PENDING keeps it for the execution's next invocation. A completion or a release that did not land
+        fails the invocation instead of answering: the service invokes the execution again, its steps replay
+        from their checkpoints, and the write is made then (an answer would end the execution, its key claimed
+        until the lease ends)."""
         from .sources import durable
 
         state = durable.status(answer)
+        text = answer.get("Result") if state == durable.SUCCEEDED else None
         if state == durable.FAILED:
-            self.cycle.release(inv, key, owner)
-        elif state == durable.SUCCEEDED:
-            text = answer.get("Result")
-            if isinstance(text, str) and text:
-                try:
-                    result = results.encode(text)[1]
-                except Exception as error:  # our own failure: complete without the result, never run again
-                    logger.error("result of key %r cannot be stored (%s); duplicates will fail", key,
-                                 type(error).__name__, extra=fields(key, "first_run"))
-                    result = codec.Encoded(codec.TOO_LARGE, None)
-            else:  # the SDK checkpointed a result over Lambda's response limit, and answered without it
-                result = codec.Encoded(codec.TOO_LARGE, None)
+            if not self.cycle.release(inv, key, owner):
+                raise IdempotencyPersistenceLayerError(
+                    f"releasing key {key!r} after its durable execution failed did not succeed; this invocation "
+                    "fails so that the service invokes the execution again and the release is made then")
+        elif state == durable.SUCCEEDED and (text is None or isinstance(text, str)):
+            result = self._execution_result(key, text, results)
             if result.format == codec.TOO_LARGE:
-                logger.warning("result of key %r's durable execution is too large to store; duplicate executions "
-                               "will fail with IdempotencyResultTooLargeError", key, extra=fields(key, "first_run"))
+                logger.warning("the result of the durable execution of key %r is too large to store; duplicate "
+                               "executions will fail with IdempotencyResultTooLargeError", key,
+                               extra=fields(key, "first_run"))
                 inv.count("ResultsTooLarge")
             inv.count("ExecutionsCompleted")
-            self.cycle.complete(inv, key, owner, result)
-        elif state is None:
+            if not self.cycle.complete(inv, key, owner, result):
+                raise IdempotencyPersistenceLayerError(
+                    f"completing key {key!r} after its durable execution succeeded did not succeed; this invocation "
+                    "fails so that the service invokes the execution again, which replays its steps from their "
+                    "checkpoints, and the completion is made then")
+        elif state != durable.PENDING:
             logger.warning("the handler answered a durable execution's invocation with no Status SUCCEEDED, FAILED "
-                           "or PENDING; key %r stays claimed for the execution", key, extra=fields(key))
+                           "or PENDING, or a Result that is not text; key %r stays claimed for the execution", key,
+                           extra=fields(key))
+
+    @staticmethod
+    def _execution_result(key: str, text: str | None, results: Any) -> codec.Encoded:
+        """What a SUCCEEDED answer's `Result` is stored as: the text; an empty or absent one (the SDK checkpointed
+        a result over Lambda's response limit, and answers without it) completes the key without a result."""
+        if not text:
+            return codec.Encoded(codec.TOO_LARGE, None)
+        try:
+            encoded: codec.Encoded = results.encode(text)[1]
+            return encoded
+        except Exception as error:  # our own failure: complete without the result, never run again
+            logger.error("result of key %r cannot be stored (%s); duplicates will fail", key,
+                         type(error).__name__, extra=fields(key, "first_run"))
+            return codec.Encoded(codec.TOO_LARGE, None)
 
     def _whole(self, plan: Plan, event: Any, context: Any, inv: Invocation) -> Any:
         if plan.refusal is not None:

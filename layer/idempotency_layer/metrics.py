@@ -68,7 +68,7 @@ _OUTCOMES = {
     "execution_claimed": "first invocation of a durable execution: it claimed the key and ran; the claim stays "
                          "until the execution succeeds or fails",
     "execution_owner": "an invocation of the durable execution that owns the key: it ran",
-    "execution_completed": "the durable execution that owns the key succeeded: its result is stored for "
+    "execution_completed": "the durable execution that owns the key succeeded: the key is completed for "
                            "duplicate executions",
     "execution_released": "the durable execution that owns the key failed: released, so a later delivery runs again",
     "store_error": "store error: the table could not be used; the handler did not run",

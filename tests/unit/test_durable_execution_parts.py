@@ -156,7 +156,8 @@ def test_an_execution_is_keyed_exactly_as_its_input_as_a_whole_event(given_input
     planned = plan(config, _keys(config), envelope(given_input))
     alone = whole(config, _keys(config), given_input)
     assert planned.kind == EXECUTION and planned.execution == arn()
-    assert planned.units == alone.units and str(planned.refusal) == str(alone.refusal)
+    assert planned.units == alone.units and type(planned.refusal) is type(alone.refusal)
+    assert str(planned.refusal).replace("the execution's input", "the event") == str(alone.refusal)
 
 
 def test_another_functions_envelope_is_an_ordinary_event():
@@ -194,8 +195,9 @@ class Workflow:
             raise self.answer
         return self.answer
 
-    def __call__(self, event: Any, tally: Any = None) -> Any:
-        return self.executor.run(plan(self.config, _keys(self.config), event), event, None, Invocation(60_000, tally))
+    def __call__(self, event: Any, tally: Any = None, remaining_ms: int = 60_000) -> Any:
+        planned = plan(self.config, _keys(self.config), event)
+        return self.executor.run(planned, event, None, Invocation(remaining_ms, tally))
 
     def items(self) -> list[dict[str, Any]]:
         return list(self.db.items.values())
@@ -344,3 +346,70 @@ def test_the_invocations_counts_name_what_happened():
     flow(envelope(execution=arn("run-2", "9e9e")), tallies[2])
     assert [metrics.outcome(t) for t in tallies] == ["execution_claimed", "execution_completed", "replay"]
     assert [t.kind for t in tallies] == ["execution"] * 3
+
+
+# -- what the review found: the owner's writes, and the owner invoked again --------------------------------------
+
+class Refusing(MemoryTransport):
+    """Refuses `operation` with a 500 (a transient failure the client retries, then gives up on) while `on`."""
+
+    def __init__(self, db: MemoryDynamoDB, operation: str) -> None:
+        super().__init__(db)
+        self.operation, self.on = operation, True
+
+    def call(self, operation: str, params: dict, deadline: Any = None) -> dict:
+        from idempotency_layer.dynamodb import DynamoDBError
+
+        if self.on and operation == self.operation:
+            self.requests.append(operation)
+            raise DynamoDBError(operation, "InternalServerError", "down", status=500)
+        return super().call(operation, params, deadline)
+
+
+def refusing(flow: Workflow, operation: str) -> Refusing:
+    transport = Refusing(flow.db, operation)
+    flow.cycle.store = DynamoDBStore(transport, "orders", flow.config.attributes)
+    return transport
+
+
+@pytest.mark.parametrize(("operation", "answer"), [
+    ("UpdateItem", {"Status": "SUCCEEDED", "Result": '"done"'}),
+    ("DeleteItem", {"Status": "FAILED", "Error": {"ErrorType": "ValueError"}}),
+])
+def test_an_owners_write_that_does_not_land_fails_the_invocation_so_the_service_invokes_it_again(operation, answer):
+    flow = Workflow()
+    transport = refusing(flow, operation)
+    flow.answer = answer
+    with pytest.raises(IdempotencyPersistenceLayerError, match="invokes the execution again"):
+        flow(envelope(), remaining_ms=1200)  # (the completion is retried until shortly before the deadline)
+    assert flow.record()["status"]["S"] == INPROGRESS  # still the owner's: no duplicate runs meanwhile
+    assert flow(envelope(execution=arn("run-2", "9e9e")))["Status"] == "FAILED"
+    transport.on = False
+    assert flow(envelope(token="t-2")) == answer  # the service's next invocation: the SDK replays, the write lands
+    assert flow.items() == [] if operation == "DeleteItem" else flow.record()["status"]["S"] == COMPLETED
+    assert flow.runs == [arn(), arn()]
+
+
+@pytest.mark.parametrize("result", ['{"receipt": 1}', ""])
+def test_the_owner_invoked_again_after_its_completion_runs_and_is_never_refused(result):
+    flow = Workflow(IDEMPOTENCY_LOCAL_CACHE_SIZE="10")
+    flow.answer = {"Status": "SUCCEEDED", "Result": result}
+    flow(envelope())
+    tally = metrics.Tally()
+    assert flow(envelope(token="t-2"), tally) == flow.answer  # (an answer lost after the completion landed)
+    assert flow.runs == [arn(), arn()] and metrics.outcome(tally) == "execution_completed"
+    assert tally.counts.get("OwnerInvocations") == 1 and not tally.counts.get("Replays")
+    duplicate = flow(envelope(execution=arn("run-2", "9e9e")))
+    assert duplicate["Status"] == ("SUCCEEDED" if result else "FAILED") and len(flow.runs) == 2
+
+
+@pytest.mark.parametrize(("answer", "stays"), [
+    ({"Status": "SUCCEEDED", "Result": {"receipt": 1}}, True),  # not text: the service would refuse it
+    ({"Status": "SUCCEEDED", "Result": None}, False),  # empty, as after the SDK checkpointed the result
+    ({"Status": "SUCCEEDED"}, False),
+])
+def test_a_succeeded_answer_is_completed_only_with_text_or_an_empty_result(answer, stays):
+    flow = Workflow()
+    flow.answer = answer
+    flow(envelope())
+    assert flow.record()["status"]["S"] == (INPROGRESS if stays else COMPLETED)

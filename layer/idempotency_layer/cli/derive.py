@@ -91,6 +91,10 @@ def derive(config: Config, event: Any) -> dict[str, Any]:
         facts["note"] = (f"the envelope of a durable execution of function {target[0]!r} in {target[1]}: the layer "
                          "passes it through, unclaimed, when it runs as that function there; pass --function-name "
                          "(and --region) to know")
+    elif target is not None:
+        facts["note"] = (f"the envelope of a durable execution of function {target[0]!r} in {target[1]}, not of "
+                         f"this function ({config.function_name!r}"
+                         + (f" in {config.region}" if config.region else "") + "): keyed as any other event")
     return facts
 
 

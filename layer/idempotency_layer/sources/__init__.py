@@ -62,10 +62,10 @@ def execution(settings: Any, keys: KeyDeriver, event: dict[str, Any]) -> Plan:
         arn, given = execution_input(event)
     except IdempotencyKeyError as error:
         return Plan(EXECUTION, (Unit(None, refused=NO_KEY),), refusal=error, execution=event["DurableExecutionArn"])
-    return whole(settings, keys, given)._replace(kind=EXECUTION, execution=arn)
+    return whole(settings, keys, given, "the execution's input")._replace(kind=EXECUTION, execution=arn)
 
 
-def whole(settings: Any, keys: KeyDeriver, event: Any) -> Plan:
+def whole(settings: Any, keys: KeyDeriver, event: Any, what: str = "the event") -> Plan:
     """An event served whole: one key (the key expression's, or the whole event's), taken before the handler runs
     so a handler that mutates its event cannot move it; none runs unguarded, or is refused under
     IDEMPOTENCY_REQUIRE_KEY."""
@@ -75,9 +75,9 @@ def whole(settings: Any, keys: KeyDeriver, event: Any) -> Plan:
             expression = settings.key_jmespath or "@"
             if settings.require_key:
                 return Plan(EVENT, (Unit(None, refused=REQUIRED),), refusal=IdempotencyKeyError(
-                    f"IDEMPOTENCY_KEY_JMESPATH={expression!r} selected nothing from the event "
+                    f"IDEMPOTENCY_KEY_JMESPATH={expression!r} selected nothing from {what} "
                     "and IDEMPOTENCY_REQUIRE_KEY is true, so the handler did not run"))
-            note = Note(logging.WARNING, f"IDEMPOTENCY_KEY_JMESPATH={expression!r} selected nothing from the event; "
+            note = Note(logging.WARNING, f"IDEMPOTENCY_KEY_JMESPATH={expression!r} selected nothing from {what}; "
                                          "running without idempotency", None, "passed_through")
             return Plan(EVENT, (Unit(None),), notes=(note,))
         return Plan(EVENT, (Unit(key, keys.fingerprint(event)),))
