@@ -103,7 +103,7 @@ def test_the_search_finds_a_claim_without_the_margin(monkeypatch: pytest.MonkeyP
 
 
 def test_the_search_finds_a_replay_of_something_else(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cycle.Cycle, "_decode", lambda self, key, result, results=None: "stale")
+    monkeypatch.setattr(cycle.Cycle, "decode", lambda self, key, result, results=None: "stale")
     with pytest.raises(Violation, match="replayed 'stale'"):
         explore(Bounds(invocations=2, faults=0, crashes=0, advances=0))
 
@@ -125,7 +125,7 @@ def test_the_search_finds_a_claim_that_outlives_its_deadline(monkeypatch: pytest
 
 def test_the_search_finds_a_cache_that_outlives_a_purge(monkeypatch: pytest.MonkeyPatch) -> None:
     # The local cache as it was before purges reached it: a replay from memory without reading the record.
-    def cached(self, inv, key, fingerprint=None):
+    def cached(self, inv, key, fingerprint=None, owner=None):
         entry = None if self.cache is None else self.cache.get(key, self.clock())
         return None if entry is None else entry[0]
 
