@@ -107,8 +107,7 @@ def test_the_cli_says_a_durable_invocation_has_no_key(tmp_path, monkeypatch, cap
     assert cli.main(["key", "--event", str(path), "--key-jmespath", "CheckpointToken"]) == 1
     assert capsys.readouterr().out.splitlines() == [
         "source: durable execution",
-        "no key: a Lambda durable execution's invocation: the layer never claims it (a pass-through; "
-        "IDEMPOTENCY_DURABLE=execution keys the execution by its input)"]
+        "no key: a Lambda durable execution's invocation: the layer never claims it (a pass-through)"]
 
 
 def test_the_cli_without_a_function_name_says_what_it_hinges_on(tmp_path, monkeypatch, capsys):

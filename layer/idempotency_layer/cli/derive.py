@@ -77,8 +77,7 @@ def derive(config: Config, event: Any) -> dict[str, Any]:
         return {"source": "none", "entries": [], "error": str(error)}
     if found.kind == DURABLE:
         return {"source": "durable", "entries": [{"key": None, "reason": (
-            "a Lambda durable execution's invocation: the layer never claims it (a pass-through; "
-            "IDEMPOTENCY_DURABLE=execution keys the execution by its input)")}]}
+            "a Lambda durable execution's invocation: the layer never claims it (a pass-through)")}]}
     if found.kind == EXECUTION:
         entry = ({"key": None, "reason": f"{found.refusal} (the execution is answered FAILED)"}
                  if found.units[0].refused == NO_KEY else _whole(config, found))
