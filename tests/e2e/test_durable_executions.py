@@ -10,6 +10,8 @@ import json
 import shutil
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +36,12 @@ def durable_task_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.fixture
-def durable(environments, ddb_client, durable_task_root, tmp_path, primary):
-    """(the runner, the ledger, the table): an emulated function with the layer under IDEMPOTENCY_DURABLE=execution
-    and the runner invoking it; everything stopped when the test ends."""
-    if tuple(map(int, primary.split("."))) < (3, 11):
+@contextmanager
+def durable_function(environments: Any, ddb_client: Any, task_root: Path, tmp_path: Path, version: str
+                     ) -> Iterator[tuple[LocalRunner, Path, str, Any]]:
+    """(the runner, the ledger, the table, the environment): an emulated function on `version` with the layer under
+    IDEMPOTENCY_DURABLE=execution and the runner invoking it; everything stopped when the block ends."""
+    if tuple(map(int, version.split("."))) < (3, 11):
         pytest.skip("AWS's durable execution SDK needs Python 3.11+")
     table = create_table(ddb_client, f"idempotency-durable-{uuid.uuid4().hex[:8]}")
     ledger = tmp_path / "ledger.txt"
@@ -48,7 +51,7 @@ def durable(environments, ddb_client, durable_task_root, tmp_path, primary):
                 "IDEMPOTENCY_KEY_JMESPATH": "Records[0].messageId", "IDEMPOTENCY_LOG_LEVEL": "INFO",
                 "ORDERS_LEDGER": str(ledger), "ORDERS_WAIT_SECONDS": "4",
                 "AWS_ENDPOINT_URL_LAMBDA": runner.endpoint}  # where the SDK sends its checkpoints
-    env = environments.new(primary, table, settings, handler="durable_orders.handler", task_root=durable_task_root,
+    env = environments.new(version, table, settings, handler="durable_orders.handler", task_root=task_root,
                            function_name=FUNCTION)
     try:
         runner.start(f"http://127.0.0.1:{env.port}")
@@ -57,6 +60,23 @@ def durable(environments, ddb_client, durable_task_root, tmp_path, primary):
         runner.stop()
         env.stop()
         ddb_client.delete_table(TableName=table)
+
+
+@pytest.fixture
+def durable(environments, ddb_client, durable_task_root, tmp_path, primary):
+    with durable_function(environments, ddb_client, durable_task_root, tmp_path, primary) as made:
+        yield made
+
+
+def test_every_python_the_sdk_runs_on_charges_one_message_once(environments, ddb_client, durable_task_root,
+                                                                tmp_path, python_version):
+    with durable_function(environments, ddb_client, durable_task_root, tmp_path, python_version) as made:
+        runner, ledger, _, _ = made
+        message = sqs_input("order-py")
+        first = runner.wait(runner.start_execution(FUNCTION, message))
+        second = runner.wait(runner.start_execution(FUNCTION, message))
+    assert first["Status"] == second["Status"] == "SUCCEEDED" and second["Result"] == first["Result"]
+    assert charges(ledger) == ["order-py"]
 
 
 def charges(ledger: Path) -> list[str]:
