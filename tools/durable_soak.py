@@ -49,13 +49,12 @@ from typing import Any
 
 import boto3
 
-from tests.support import downloads
-from tests.support.durable import LocalRunner, sqs_input
+from tests.support.durable import LocalRunner, function_package, sqs_input
 from tests.support.dynamodb_local import DynamoDBLocal, create_table
 from tests.support.fault_proxy import FaultProxy, even_mix
-from tests.support.rie import ROOT, LambdaEnvironment, ensure_layer, unpack_layer
+from tests.support.rie import LambdaEnvironment, ensure_layer, unpack_layer
+from tools.chaos import _terminated, runtime_python
 
-APP = ROOT / "tests" / "e2e" / "apps" / "durable_orders.py"
 FUNCTION = "function"  # the one name the emulator serves
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "soak", "AWS_SECRET_ACCESS_KEY": "soak", "AWS_REGION": "us-east-1",
                "AWS_DEFAULT_REGION": "us-east-1"}
@@ -188,18 +187,6 @@ class Front:
             env.stop()
 
 
-def _task_root(work: Path) -> Path:
-    """The function's package as a user deploys it: the workflow, and AWS's durable execution SDK beside it."""
-    import aws_durable_execution_sdk_python as sdk
-
-    root = work / "task"
-    root.mkdir(parents=True)
-    shutil.copy(APP, root / APP.name)
-    shutil.copytree(Path(sdk.__file__).parent, root / "aws_durable_execution_sdk_python",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    return root
-
-
 class Deliveries:
     """The orders' deliveries, each started as a new execution and delivered again while it is refused as in
     progress; what each ended with."""
@@ -291,15 +278,14 @@ def soak(settings: Settings, *, work: Path, dynamodb_endpoint: str, opt_dir: Pat
     settings.check()
     rng = random.Random(settings.seed)
     work.mkdir(parents=True, exist_ok=True)
-    runtimes = downloads.runtimes()
-    version = settings.python or ("3.12" if "3.12" in runtimes else max(runtimes, key=_version_key))
+    version, python = runtime_python(settings.python)
     client = boto3.client("dynamodb", endpoint_url=dynamodb_endpoint, **_boto(CREDENTIALS))
     table = create_table(client, f"durable-soak-{settings.seed}-{int(time.time())}")
     host, port = dynamodb_endpoint.rsplit("//", 1)[1].split(":")
     proxy = FaultProxy(host, int(port), even_mix(settings.fault_rate), seed=settings.seed)
     ledger = work / "ledger.txt"
     ledger.touch()
-    task_root = _task_root(work)
+    task_root = function_package(work / "task")
     runner = LocalRunner(work / "runner.log")
     count = iter(range(10**6))
     env_settings = {**CREDENTIALS, "IDEMPOTENCY_TABLE": table, "AWS_ENDPOINT_URL_DYNAMODB": proxy.endpoint,
@@ -310,7 +296,7 @@ def soak(settings: Settings, *, work: Path, dynamodb_endpoint: str, opt_dir: Pat
                     "AWS_ENDPOINT_URL_LAMBDA": runner.endpoint}
 
     def make_env() -> LambdaEnvironment:
-        return LambdaEnvironment(runtimes[version], task_root, version=version, handler="durable_orders.handler",
+        return LambdaEnvironment(python, task_root, version=version, handler="durable_orders.handler",
                                  env=env_settings, opt_dir=opt_dir, function_name=FUNCTION, timeout=30,
                                  log_path=work / f"env-{next(count)}.log").start()
 
@@ -338,10 +324,6 @@ def soak(settings: Settings, *, work: Path, dynamodb_endpoint: str, opt_dir: Pat
     if figures["records"] != settings.orders:
         failed.append("records")
     return {"settings": asdict(settings), "figures": figures, "passed": not failed, "failed": failed}
-
-
-def _version_key(version: str) -> tuple[int, ...]:
-    return tuple(map(int, version.split(".")))
 
 
 def _boto(credentials: dict[str, str]) -> dict[str, str]:
@@ -383,10 +365,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--python", default=None, help="the runtime's Python version (default: 3.12 when found)")
     p.add_argument("--json", type=Path, default=None, help="where to write the figures")
     return p
-
-
-def _terminated(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)  # unwinds through the finally blocks that stop what the soak started
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -312,6 +312,8 @@ class Cycle:
         if entry is None:
             return None
         result, completed_by = entry
+        if owner is not None and completed_by == owner:
+            return None  # (a read would not change that: the claim reads the record)
         try:
             record = inv.request(self.store.peek, key, _claim_by(inv.deadline))
         except IdempotencyPersistenceLayerError as error:
@@ -323,7 +325,7 @@ class Cycle:
             self.cache.drop(key)  # type: ignore[union-attr]
             return None
         _check_fingerprint(key, record.fingerprint, fingerprint)
-        return None if owner is not None and completed_by == owner else result
+        return result
 
     def holds_any(self, keys: list[str]) -> bool:
         """Whether this environment's local cache holds a completed record of any of `keys`."""
@@ -704,6 +706,14 @@ class Cycle:
             self.release(inv, key, owner)  # e.g. an HTTP 5xx: the work did not complete, so a retry must run again
             return value
         # From here on the handler has run: every failure of ours ends in a completion, never a bare claim.
+        delivered, result = self.encode(inv, key, value, results)
+        self.complete(inv, key, owner, result)
+        return delivered
+
+    def encode(self, inv: Invocation, key: str, value: Any, results: Results) -> tuple[Any, codec.Encoded]:
+        """What to hand back for the result `value` of a handler that ran, and what to complete `key` with: never
+        raises, since the key must be completed whatever becomes of its result (one the runtime cannot send, or
+        that cannot be stored, is completed without it, and copies are told why)."""
         try:
             delivered, result = results.encode(value)
         except Undeliverable as refused:
@@ -720,5 +730,4 @@ class Cycle:
             logger.warning("result of key %r is too large to store; replays will raise", key,
                            extra=fields(key, "first_run"))
             inv.count("ResultsTooLarge")
-        self.complete(inv, key, owner, result)
-        return delivered
+        return delivered, result

@@ -32,6 +32,7 @@ from .errors import (
 )
 from .log import fields
 from .plan import BATCH, DURABLE, EXECUTION, HTTP, MISMATCH
+from .results import ExecutionResults
 from .store import Record
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
     from .plan import Plan
 
 logger = logging.getLogger("idempotency_layer")
+
+EXECUTION_RESULTS = ExecutionResults()  # a durable execution's Result (stateless: one for every invocation)
 
 # At most this many requests in flight for one batch: the transport's pool keeps this many connections.
 MAX_IN_FLIGHT = 10
@@ -153,11 +156,9 @@ class Executor:
         return self.handler(event, context)
 
     def _execution(self, plan: Plan, event: Any, context: Any, inv: Invocation) -> Any:
-        from .results import ValueResults
         from .sources import durable
 
-        results = ValueResults()  # an execution's result is JSON text, stored and answered as that text
-
+        results = EXECUTION_RESULTS
         unit = plan.units[0]
         inv.describe(EXECUTION, unit.key)
         if plan.refusal is not None:  # answered, not raised: a raise would have the service invoke it again
@@ -201,12 +202,7 @@ class Executor:
                     f"releasing key {key!r} after its durable execution failed did not succeed; this invocation "
                     "fails so that the service invokes the execution again and the release is made then")
         elif state == durable.SUCCEEDED and (text is None or isinstance(text, str)):
-            result = self._execution_result(key, text, results)
-            if result.format == codec.TOO_LARGE:
-                logger.warning("the result of the durable execution of key %r is too large to store; duplicate "
-                               "executions will fail with IdempotencyResultTooLargeError", key,
-                               extra=fields(key, "first_run"))
-                inv.count("ResultsTooLarge")
+            result = self.cycle.encode(inv, key, text, results)[1]
             inv.count("ExecutionsCompleted")
             if not self.cycle.complete(inv, key, owner, result):
                 raise IdempotencyPersistenceLayerError(
@@ -217,20 +213,6 @@ class Executor:
             logger.warning("the handler answered a durable execution's invocation with no Status SUCCEEDED, FAILED "
                            "or PENDING, or a Result that is not text; key %r stays claimed for the execution", key,
                            extra=fields(key))
-
-    @staticmethod
-    def _execution_result(key: str, text: str | None, results: Any) -> codec.Encoded:
-        """What a SUCCEEDED answer's `Result` is stored as: the text; an empty or absent one (the SDK checkpointed
-        a result over Lambda's response limit, and answers without it) completes the key without a result."""
-        if not text:
-            return codec.Encoded(codec.TOO_LARGE, None)
-        try:
-            encoded: codec.Encoded = results.encode(text)[1]
-            return encoded
-        except Exception as error:  # our own failure: complete without the result, never run again
-            logger.error("result of key %r cannot be stored (%s); duplicates will fail", key,
-                         type(error).__name__, extra=fields(key, "first_run"))
-            return codec.Encoded(codec.TOO_LARGE, None)
 
     def _whole(self, plan: Plan, event: Any, context: Any, inv: Invocation) -> Any:
         if plan.refusal is not None:

@@ -62,6 +62,19 @@ class ValueResults:
         return codec.decode(encoded)
 
 
+class ExecutionResults(ValueResults):
+    """A durable execution's `Result`: JSON text, stored and answered as that text. An empty or absent one (the
+    durable execution SDK checkpointed a result over Lambda's response limit, and answers without it) is stored
+    as a result too large to keep."""
+
+    def encode(self, value: Any) -> tuple[Any, codec.Encoded]:
+        from . import codec
+
+        if not value:
+            return value, codec.Encoded(codec.TOO_LARGE, None)
+        return super().encode(value)
+
+
 def runtime_attribute(attribute: str, *names: str) -> Any:
     """`attribute` of the first of the runtime's modules `names` that has it, or None outside a runtime."""
     # The runtime has loaded these already: looking them up costs nothing and imports nothing new.

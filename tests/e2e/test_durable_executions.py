@@ -7,7 +7,6 @@ reach the runner through AWS_ENDPOINT_URL_LAMBDA. Executions get Lambda-shaped A
 from __future__ import annotations
 
 import json
-import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,11 +16,10 @@ from typing import Any
 
 import pytest
 
-sdk = pytest.importorskip("aws_durable_execution_sdk_python")  # Python 3.11+, as the runner
+pytest.importorskip("aws_durable_execution_sdk_python")  # Python 3.11+, as the runner
 
-from tests.e2e.conftest import APPS  # noqa: E402
-from tests.support.durable import LocalRunner, sqs_input  # noqa: E402
-from tests.support.dynamodb_local import create_table  # noqa: E402
+from tests.support.durable import LocalRunner, function_package, sqs_input
+from tests.support.dynamodb_local import create_table
 
 FUNCTION = "function"  # the one name the emulator serves invocations under
 
@@ -29,11 +27,7 @@ FUNCTION = "function"  # the one name the emulator serves invocations under
 @pytest.fixture(scope="module")
 def durable_task_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The function's package as a user deploys it: the workflow and AWS's durable execution SDK beside it."""
-    root = tmp_path_factory.mktemp("durable-task")
-    shutil.copy(APPS / "durable_orders.py", root / "durable_orders.py")
-    shutil.copytree(Path(sdk.__file__).parent, root / "aws_durable_execution_sdk_python",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    return root
+    return function_package(tmp_path_factory.mktemp("durable-task"))
 
 
 @contextmanager

@@ -47,6 +47,21 @@ def lambda_shaped_arns(region: str) -> Iterator[None]:
         undo()
 
 
+def function_package(root: Any) -> Any:
+    """A durable function's package as a user deploys it, in the folder `root` (a Path, made here): the workflow
+    (tests/e2e/apps/durable_orders.py) and AWS's durable execution SDK beside it."""
+    import shutil
+    from pathlib import Path
+
+    import aws_durable_execution_sdk_python as sdk
+
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copy(Path(__file__).resolve().parents[1] / "e2e" / "apps" / "durable_orders.py", root / "durable_orders.py")
+    shutil.copytree(Path(sdk.__file__).parent, root / "aws_durable_execution_sdk_python",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
 class Envelope(dict):
     """The envelope the in-process runner hands a handler (an SDK object carrying its in-memory service client),
     as the JSON object Lambda delivers, for the layer; `invocation` keeps the object for the SDK's handler."""
