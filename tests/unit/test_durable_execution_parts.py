@@ -182,7 +182,8 @@ class Workflow:
         self.config = _config.load({**BASE, "IDEMPOTENCY_KEY_JMESPATH": "orderId", **settings})
         self.db = MemoryDynamoDB()
         self.clock = Clock()
-        store = DynamoDBStore(MemoryTransport(self.db), "orders", self.config.attributes)
+        self.transport = MemoryTransport(self.db)
+        store = DynamoDBStore(self.transport, "orders", self.config.attributes)
         self.cycle = Cycle(store, 3600, clock=self.clock, min_claim_ms=self.config.in_progress_seconds * 1000,
                            wait_seconds=self.config.wait_seconds, sleep=lambda s: None)
         self.runs: list[str] = []
@@ -413,3 +414,20 @@ def test_a_succeeded_answer_is_completed_only_with_text_or_an_empty_result(answe
     flow.answer = answer
     flow(envelope())
     assert flow.record()["status"]["S"] == (INPROGRESS if stays else COMPLETED)
+
+
+def test_requests_per_invocation_as_docs_durable_md_gives_them():
+    flow = Workflow()
+
+    def sent(event: Any) -> list[str]:
+        flow.transport.requests.clear()
+        flow(event)
+        return list(flow.transport.requests)
+
+    flow.answer = {"Status": "PENDING"}
+    assert sent(envelope()) == ["PutItem"]  # the first invocation: its claim
+    flow.answer = {"Status": "SUCCEEDED", "Result": "1"}
+    assert sent(envelope(token="t-2")) == ["PutItem", "UpdateItem"]  # the owner again (its claim read back), done
+    assert sent(envelope(execution=arn("run-2", "9e9e"))) == ["PutItem"]  # a duplicate, replayed
+    flow.answer = {"Status": "FAILED"}
+    assert sent(envelope({"orderId": "o-2"}, execution=arn("run-3", "7e7e"))) == ["PutItem", "DeleteItem"]
