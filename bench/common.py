@@ -165,5 +165,20 @@ def make_powertools_batch(table: str, cache: bool, work: Any, kind: str = "sqs")
     return lambda_handler
 
 
+# The Valkey store's rows (bench/valkey_bench.py): a worker's TABLE argument is the server's URL.
+VALKEY_SYSTEMS = ("bare", "layer-valkey", "powertools-cache")
+
+
+def make_powertools_cache(url: str, handler: Any) -> Any:
+    """Powertools' CachePersistenceLayer (redis-py) on the server at `url`, configured like make_powertools."""
+    from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig, idempotent
+    from aws_lambda_powertools.utilities.idempotency.persistence.cache import CachePersistenceLayer
+
+    persistence = CachePersistenceLayer(url=url, ssl=False)
+    config = IdempotencyConfig(event_key_jmespath=KEY_JMESPATH, expires_after_seconds=TTL_SECONDS,
+                               raise_on_no_idempotency_key=False)
+    return idempotent(persistence_store=persistence, config=config, key_prefix=KEY_PREFIX)(handler)
+
+
 def python() -> str:
     return sys.executable

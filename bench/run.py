@@ -10,7 +10,9 @@ One run, one DynamoDB Local behind one counting proxy, the same events for every
      with Powertools;
   4. where the layer's hot path spends its CPU (bench/profile_hot.py): parts timed alone, and cProfile;
   5. what metrics cost: the layer's CPU per invocation with IDEMPOTENCY_METRICS=emf over without (`_metrics_cost`;
-     alone: `bench/run.py --only-metrics-cost`).
+     alone: `bench/run.py --only-metrics-cost`);
+  6. the Valkey store against Powertools' CachePersistenceLayer on one Valkey server (bench/valkey_bench.py;
+     alone: `bench/run.py --only-valkey`).
 It reports; it asserts nothing about speed. Output: a table on stdout, bench/results.json, bench/ratios.png and
 bench/README-section.md, the benchmark section to paste into docs/performance.md below its introduction.
 """
@@ -128,6 +130,16 @@ def _only_metrics_cost(iterations: int, warmup: int) -> int:
     return 0
 
 
+def _only_valkey(iterations: int, warmup: int, init_samples: int) -> int:
+    import valkey_bench
+
+    with tempfile.TemporaryDirectory(prefix="idempotency-bench-") as tmp:
+        result = valkey_bench.measure(iterations, warmup, init_samples, Path(tmp) / "bench.log")
+    print(json.dumps(result, indent=1), file=sys.stderr)
+    print(valkey_bench.render(result))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a smoke run: few iterations, few init samples")
@@ -137,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-profile", action="store_true", help="skip profiling the layer's hot path")
     parser.add_argument("--only-metrics-cost", action="store_true",
                         help="measure only what IDEMPOTENCY_METRICS=emf costs per invocation, print it, write nothing")
+    parser.add_argument("--no-valkey", action="store_true", help="skip the Valkey store's rows")
+    parser.add_argument("--only-valkey", action="store_true", help="run only the Valkey store's rows")
     parser.add_argument("--out", type=Path, help="where results.json, ratios.png and README-section.md (the "
                         "benchmark section of docs/performance.md) go (default: bench/, or a temporary folder with "
                         "--quick, so a smoke run never replaces them)")
@@ -149,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     e2e_iterations = 20 if args.quick else 150
     if args.only_metrics_cost:
         return _only_metrics_cost(iterations, warmup)
+    if args.only_valkey:
+        return _only_valkey(iterations, warmup, init_samples)
 
     started = time.monotonic()
     meta = report.machine()
@@ -198,11 +214,21 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             proxy.close()
             ddb.stop()
+        if not args.no_valkey:
+            import valkey_bench
+
+            print("==> the Valkey store against Powertools' CachePersistenceLayer", file=sys.stderr)
+            results["valkey"] = valkey_bench.measure(iterations, warmup, init_samples, log)
     meta["seconds"] = round(time.monotonic() - started, 1)
     summary = report.summarise(results)
     summary["metrics_cost"] = results["metrics_cost"]
     print(report.render(summary))
     print(_render_metrics_cost(results["metrics_cost"]))
+    if "valkey" in results:
+        import valkey_bench
+
+        summary["valkey"] = results["valkey"]
+        print(valkey_bench.render(results["valkey"]))
     report.write(summary, args.out)
     print(f"\nwrote results.json, ratios.png and README-section.md to {args.out} in {meta['seconds']} s",
           file=sys.stderr)

@@ -25,20 +25,33 @@ from typing import Any
 import bench_handler
 from common import (
     KAFKA_PARTITIONS,
+    KEY_JMESPATH,
+    KEY_PREFIX,
     ROOT,
     SQS_BATCH,
     SYSTEMS,
+    TTL_SECONDS,
     Context,
     event,
     layer_env,
     make_powertools,
     make_powertools_batch,
+    make_powertools_cache,
 )
 
 _RECORDS: dict[tuple[str, str, int], list[Any]] = {}  # (kind, namespace, batch index) -> its records, for redelivery
 
 
 def build(system: str, table: str) -> Any:
+    if system == "layer-valkey":  # `table` is the server's URL (bench/valkey_bench.py)
+        os.environ.update({"IDEMPOTENCY_ORIGINAL_HANDLER": "bench_handler.handler", "IDEMPOTENCY_STORE": "valkey",
+                           "IDEMPOTENCY_VALKEY_URL": table, "IDEMPOTENCY_KEY_JMESPATH": KEY_JMESPATH,
+                           "IDEMPOTENCY_KEY_PREFIX": KEY_PREFIX, "IDEMPOTENCY_TTL_SECONDS": str(TTL_SECONDS)})
+        from idempotency_layer import interceptor
+
+        return interceptor.handler
+    if system == "powertools-cache":
+        return make_powertools_cache(table, bench_handler.handler)
     kind, settings = SYSTEMS[system]
     if kind == "bare":
         return bench_handler.handler

@@ -134,6 +134,17 @@ def _say_answer(label: str, answer: Any, new_logs: str) -> bool:
     return not failed
 
 
+def _valkey(variables: dict[str, str]) -> bool:
+    return variables.get("IDEMPOTENCY_STORE", "").strip().lower() == "valkey"
+
+
+def _store_env(variables: dict[str, str], endpoint: str) -> dict[str, str]:
+    """Where the records go: the DynamoDB Local table, unless the function's settings choose the Valkey store."""
+    if _valkey(variables):
+        return {**CREDENTIALS}
+    return {**CREDENTIALS, "IDEMPOTENCY_TABLE": TABLE, "AWS_ENDPOINT_URL_DYNAMODB": endpoint}
+
+
 def _show(events: list[str], variables: dict[str, str], endpoint: str) -> None:
     """The record(s) of the event's key(s), as the operator CLI's `show` prints them, with the function's settings."""
     from idempotency_layer.cli import main as cli
@@ -141,8 +152,7 @@ def _show(events: list[str], variables: dict[str, str], endpoint: str) -> None:
     saved = dict(os.environ)
     try:
         # The function's own settings win, as they did for the function (a table or endpoint of its own included).
-        os.environ.update({**CREDENTIALS, "IDEMPOTENCY_TABLE": TABLE, "AWS_ENDPOINT_URL_DYNAMODB": endpoint,
-                           "AWS_LAMBDA_FUNCTION_NAME": FUNCTION, **variables})
+        os.environ.update({**_store_env(variables, endpoint), "AWS_LAMBDA_FUNCTION_NAME": FUNCTION, **variables})
         for event in dict.fromkeys(events):
             print(f"\nthe record, as `idempotency-layer show --event {event}` prints it:")
             sys.stdout.flush()
@@ -168,13 +178,20 @@ def run(args: argparse.Namespace) -> int:
     task, opt = work / "task", work / "opt"
     shutil.copytree(args.code, task, ignore=shutil.ignore_patterns("__pycache__", ".git"))
     unpack_layer(zip_path, opt)
-    ddb, env = DynamoDBLocal(work / "dynamodb.log"), None
+    ddb, env, server = DynamoDBLocal(work / "dynamodb.log"), None, None
     try:
-        ddb.start()
-        print(f"DynamoDB Local at {ddb.endpoint} (pid {ddb.process.pid if ddb.process else '?'}), table {TABLE}")
-        _table(ddb.endpoint)
-        function_env = {**CREDENTIALS, "AWS_ENDPOINT_URL_DYNAMODB": ddb.endpoint, "IDEMPOTENCY_TABLE": TABLE,
-                        "IDEMPOTENCY_LOG_LEVEL": "INFO", "AWS_LAMBDA_LOG_FORMAT": "JSON", **variables}
+        if _valkey(variables) and not variables.get("IDEMPOTENCY_VALKEY_URL", "").strip():
+            from tests.support.valkey_server import Server
+
+            server = Server("valkey9").start()  # IDEMPOTENCY_STORE=valkey without a URL: a local server
+            variables["IDEMPOTENCY_VALKEY_URL"] = server.url
+            print(f"Valkey at {server.url} (pid {server.process.pid if server.process else '?'})")
+        if not _valkey(variables):
+            ddb.start()
+            print(f"DynamoDB Local at {ddb.endpoint} (pid {ddb.process.pid if ddb.process else '?'}), table {TABLE}")
+            _table(ddb.endpoint)
+        function_env = {**_store_env(variables, ddb.endpoint), "IDEMPOTENCY_LOG_LEVEL": "INFO",
+                        "AWS_LAMBDA_LOG_FORMAT": "JSON", **variables}
         env = LambdaEnvironment(python=python, task_root=task, opt_dir=opt, handler=args.handler,
                                 env=function_env, timeout=args.timeout, function_name=FUNCTION,
                                 log_path=work / "function.log")
@@ -197,6 +214,8 @@ def run(args: argparse.Namespace) -> int:
         if env is not None:
             env.stop()
         ddb.stop()
+        if server is not None:
+            server.close()
 
 
 def _table(endpoint: str) -> None:

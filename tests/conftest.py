@@ -103,3 +103,16 @@ def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SQSServer]:
         yield server
     finally:
         server.stop()
+
+
+# Real Valkey 9 and Redis OSS 7 servers (IDEMPOTENCY_STORE=valkey), started once per session (per xdist worker).
+@pytest.fixture(scope="session")
+def valkey_servers() -> Iterator[dict[str, Any]]:
+    from tests.support.valkey_server import KINDS, Server
+
+    servers = {kind: Server(kind).start() for kind in KINDS}
+    try:
+        yield servers
+    finally:
+        for server in servers.values():
+            server.close()

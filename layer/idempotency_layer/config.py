@@ -34,6 +34,10 @@ _BATCH_RESPONSES = ("partial", "fail")  # fail: the mapping ignores partial batc
 _BATCH_PRECHECKS = ("auto", "always", "never")
 _HTTP_MODES = ("auto", "off")
 _DURABLE_MODES = ("pass", "execution")
+_STORES = ("dynamodb", "valkey")
+# What only the DynamoDB store reads: set with IDEMPOTENCY_STORE=valkey, each would be ignored, so init fails.
+_DYNAMODB_ONLY = ("IDEMPOTENCY_TABLE", "IDEMPOTENCY_TRANSPORT", "IDEMPOTENCY_PARTITION_VALUE",
+                  "IDEMPOTENCY_POWERTOOLS_HANDLER")
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")  # an HTTP token
 _WHOLE = re.compile(r"-?[0-9]+")
 _DECIMAL = re.compile(r"-?[0-9]+(\.[0-9]+)?|-?\.[0-9]+")
@@ -87,6 +91,34 @@ class Attributes(_AttributesFields):
 
 
 if TYPE_CHECKING:
+    class _ValkeyFields(NamedTuple):
+        tls: bool  # rediss:// (verified TLS, never plain text); redis:// plain text
+        host: str
+        port: int
+        db: int
+        username: str | None
+        password: str | None
+        secret: str | None = None  # IDEMPOTENCY_VALKEY_SECRET: a Secrets Manager secret holding the password
+        iam: str | None = None  # IDEMPOTENCY_VALKEY_IAM's service: elasticache, elasticache-serverless, memorydb
+        cache: str | None = None  # ... and the cache (or MemoryDB cluster) its tokens name
+else:
+    _ValkeyFields = namedtuple("Valkey", ("tls", "host", "port", "db", "username", "password", "secret", "iam",
+                                          "cache"), defaults=(None, None, None))
+
+
+class Valkey(_ValkeyFields):
+    """Where IDEMPOTENCY_STORE=valkey keeps the records: IDEMPOTENCY_VALKEY_URL, parsed."""
+    __slots__ = ()
+
+    def __repr__(self) -> str:  # never the password, wherever a config is shown
+        scheme = "rediss" if self.tls else "redis"
+        user = f"{self.username}:***@" if self.password else f"{self.username}@" if self.username else ""
+        auth = (f", password from {self.secret}" if self.secret else
+                f", IAM authentication to {self.iam} {self.cache}" if self.iam else "")
+        return f"Valkey({scheme}://{user}{self.host}:{self.port}/{self.db}{auth})"
+
+
+if TYPE_CHECKING:
     class _ConfigFields(NamedTuple):
         disabled: bool
         table: str
@@ -129,6 +161,8 @@ if TYPE_CHECKING:
         # IDEMPOTENCY_DURABLE=execution: a Lambda durable execution of this function is one unit of work, keyed by
         # its input and owned by the execution; False (pass): its invocations are passed through, never claimed
         durable_executions: bool = False
+        store: str = "dynamodb"  # IDEMPOTENCY_STORE: "dynamodb" or "valkey"
+        valkey: Valkey | None = None  # IDEMPOTENCY_VALKEY_URL when the store is valkey
 else:
     _ConfigFields = namedtuple("Config", (
         "disabled",
@@ -162,7 +196,9 @@ else:
         "batch_precheck",
         "powertools_handler",
         "durable_executions",
-    ), defaults=(False, "Idempotency", None, None, False, "auto", None, False))
+        "store",
+        "valkey",
+    ), defaults=(False, "Idempotency", None, None, False, "auto", None, False, "dynamodb", None))
 
 
 class Config(_ConfigFields):
@@ -273,7 +309,7 @@ def _namespace(env: Mapping[str, str]) -> str:
     return value
 
 
-def _handler_and_table(env: Mapping[str, str], disabled: bool) -> tuple[str, str]:
+def _handler_and_table(env: Mapping[str, str], disabled: bool, store: str = "dynamodb") -> tuple[str, str]:
     original_handler = _text(env, "IDEMPOTENCY_ORIGINAL_HANDLER")
     if original_handler is None:
         raise IdempotencyConfigurationError(
@@ -282,7 +318,7 @@ def _handler_and_table(env: Mapping[str, str], disabled: bool) -> tuple[str, str
         )
     table = _text(env, "IDEMPOTENCY_TABLE", "")
     assert table is not None
-    if not disabled and not table:
+    if not disabled and not table and store == "dynamodb":
         raise IdempotencyConfigurationError(
             "IDEMPOTENCY_TABLE is not set; expected the name or ARN of the DynamoDB table holding the records"
         )
@@ -292,6 +328,101 @@ def _handler_and_table(env: Mapping[str, str], disabled: bool) -> tuple[str, str
             "nor a table ARN (arn:aws:dynamodb:<region>:<account>:table/<name>)"
         )
     return original_handler, table
+
+
+_VALKEY_SCHEMES = {"rediss": True, "valkeys": True, "redis": False, "valkey": False}  # scheme: TLS
+
+
+def _store(env: Mapping[str, str], disabled: bool) -> tuple[str, Valkey | None]:
+    """IDEMPOTENCY_STORE, and IDEMPOTENCY_VALKEY_URL parsed when it is valkey."""
+    store = _choice(env, "IDEMPOTENCY_STORE", "dynamodb", _STORES)
+    url = _text(env, "IDEMPOTENCY_VALKEY_URL")
+    if store == "dynamodb":
+        for name in ("IDEMPOTENCY_VALKEY_URL", "IDEMPOTENCY_VALKEY_SECRET", "IDEMPOTENCY_VALKEY_IAM"):
+            if _text(env, name) is not None:
+                raise IdempotencyConfigurationError(
+                    f"{name} is set but IDEMPOTENCY_STORE is not valkey: the records would go to DynamoDB; set "
+                    f"IDEMPOTENCY_STORE=valkey, or unset {name}"
+                )
+        return store, None
+    for name in _DYNAMODB_ONLY + tuple(_ATTR_VARIABLES.values()):
+        if _text(env, name) is not None:
+            raise IdempotencyConfigurationError(
+                f"{name} is set, but it is a setting of the DynamoDB store and IDEMPOTENCY_STORE=valkey: it would be "
+                "ignored; unset it"
+            )
+    if url is None:
+        if disabled:
+            return store, None
+        raise IdempotencyConfigurationError(
+            "IDEMPOTENCY_STORE=valkey needs IDEMPOTENCY_VALKEY_URL: rediss://[user:password@]host[:port][/db]"
+        )
+    return store, _valkey_auth(env, _valkey_url(url))
+
+
+_IAM_SERVICES = ("elasticache", "elasticache-serverless", "memorydb")
+_SECRET = re.compile(r"arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:[A-Za-z0-9/_+=.@-]{1,512}|"
+                     r"[A-Za-z0-9/_+=.@-]{1,512}")
+_CACHE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]{0,39}")
+
+
+def _valkey_auth(env: Mapping[str, str], valkey: Valkey) -> Valkey:
+    """IDEMPOTENCY_VALKEY_SECRET or IDEMPOTENCY_VALKEY_IAM: where the password comes from, if not the URL."""
+    secret, iam = _text(env, "IDEMPOTENCY_VALKEY_SECRET"), _text(env, "IDEMPOTENCY_VALKEY_IAM")
+    if secret is not None and iam is not None:
+        raise IdempotencyConfigurationError(
+            "IDEMPOTENCY_VALKEY_SECRET and IDEMPOTENCY_VALKEY_IAM are both set: the password comes from one of them"
+        )
+    if (secret is not None or iam is not None) and valkey.password is not None:
+        raise IdempotencyConfigurationError(
+            f"{'IDEMPOTENCY_VALKEY_SECRET' if secret else 'IDEMPOTENCY_VALKEY_IAM'} is set and IDEMPOTENCY_VALKEY_URL "
+            "holds a password too: remove the password from the URL"
+        )
+    if secret is not None:
+        if not _SECRET.fullmatch(secret):
+            raise IdempotencyConfigurationError(
+                f"IDEMPOTENCY_VALKEY_SECRET={secret!r} is not a Secrets Manager secret's ARN or name"
+            )
+        return valkey._replace(secret=secret)
+    if iam is None:
+        return valkey
+    service, _, cache = iam.partition(":")
+    if service not in _IAM_SERVICES or not _CACHE_NAME.fullmatch(cache):
+        raise IdempotencyConfigurationError(
+            f"IDEMPOTENCY_VALKEY_IAM={iam!r} is not accepted; expected elasticache:<replication group id>, "
+            "elasticache-serverless:<cache name> or memorydb:<cluster name>"
+        )
+    if not valkey.tls or valkey.username is None:
+        raise IdempotencyConfigurationError(
+            "IDEMPOTENCY_VALKEY_IAM authenticates the user named in IDEMPOTENCY_VALKEY_URL over TLS: the URL must "
+            "be rediss://<user id>@host..."
+        )
+    if _text(env, "AWS_REGION") is None:
+        raise IdempotencyConfigurationError("IDEMPOTENCY_VALKEY_IAM signs its tokens for AWS_REGION, which is not set")
+    return valkey._replace(iam=service, cache=cache)
+
+
+def _valkey_url(url: str) -> Valkey:
+    from urllib.parse import unquote, urlsplit
+
+    # The URL may hold a password: never shown in an error, only its shape.
+    shape = ("IDEMPOTENCY_VALKEY_URL is not accepted: expected rediss://[user:password@]host[:port][/db] (TLS; or "
+             "redis:// for plain text), with a port from 1 to 65535, a database number and no query")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise IdempotencyConfigurationError(shape) from None
+    scheme = parts.scheme.lower()
+    path = parts.path.strip("/")
+    if scheme not in _VALKEY_SCHEMES or not parts.hostname or parts.query or parts.fragment or "#" in url:
+        raise IdempotencyConfigurationError(shape)
+    if (path and not path.isdigit()) or not path.isascii() or port == 0 or any(c in url for c in "\t\r\n "):
+        raise IdempotencyConfigurationError(shape)
+    username = unquote(parts.username) if parts.username else None
+    password = unquote(parts.password) if parts.password else None
+    return Valkey(tls=_VALKEY_SCHEMES[scheme], host=parts.hostname, port=port or 6379, db=int(path or 0),
+                  username=username, password=password)
 
 
 def _prefix(env: Mapping[str, str], disabled: bool) -> tuple[str | None, str | None]:
@@ -456,6 +587,7 @@ NAMES = frozenset(
     [variable for _, variable, *_ in _PLAIN + _DECIDED if variable.startswith("IDEMPOTENCY_")]
     + list(_ATTR_VARIABLES.values())
     + ["IDEMPOTENCY_DISABLED", "IDEMPOTENCY_ORIGINAL_HANDLER", "IDEMPOTENCY_TABLE", "IDEMPOTENCY_KEY_PREFIX",
+       "IDEMPOTENCY_STORE", "IDEMPOTENCY_VALKEY_URL", "IDEMPOTENCY_VALKEY_SECRET", "IDEMPOTENCY_VALKEY_IAM",
        "IDEMPOTENCY_KEY_JMESPATH", "IDEMPOTENCY_KEY_HEADER", "IDEMPOTENCY_CALLER_HEADERS", "IDEMPOTENCY_LOG_LEVEL",
        "IDEMPOTENCY_PARTITION_VALUE", "IDEMPOTENCY_METRICS_NAMESPACE"]
     + ["IDEMPOTENCY_NEXT_WRAPPER", "IDEMPOTENCY_WRAPPER_CHAINED", "IDEMPOTENCY_CLI_TRACEBACK"]
@@ -511,7 +643,8 @@ def load(env: Mapping[str, str] | None = None) -> Config:
     env = os.environ if env is None else env
     _unknown_names(env)
     disabled = _bool(env, "IDEMPOTENCY_DISABLED", False)
-    original_handler, table = _handler_and_table(env, disabled)
+    store, valkey = _store(env, disabled)
+    original_handler, table = _handler_and_table(env, disabled, store)
     prefix, prefix_variable = _prefix(env, disabled)
     key_jmespath = _text(env, "IDEMPOTENCY_KEY_JMESPATH")
     key_header = _key_header(env)
@@ -543,5 +676,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         log_level=_log_level(env),
         original_handler=original_handler,
         metrics_namespace=_namespace(env),
+        store=store,
+        valkey=valkey,
         **values,
     )

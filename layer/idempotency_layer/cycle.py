@@ -483,8 +483,8 @@ class Cycle:
                     inv.count("CompletionFailures")
                 return False
         if not completed:
-            logger.error("claim on key %r expired and was taken over before completion; returning our result", key,
-                         extra=fields(key))
+            logger.error("claim on key %r was no longer ours at completion (it expired and was taken over, or the "
+                         "record was deleted); returning our result", key, extra=fields(key))
             inv.count("CompletionFailures")
         elif self.cache is not None:
             self.cache.put(key, expires_at, result, owner)

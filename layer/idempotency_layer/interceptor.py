@@ -84,6 +84,11 @@ def build(config: _config.Config, user_handler: Any, *, transport: Any = None, s
 
     keys = KeyDeriver(config.key_prefix, config.key_jmespath, config.payload_jmespath)
     if cycle is None:
+        if store is None and config.store == "valkey":
+            from .valkey_store import make_store
+
+            store = make_store(config)
+            store.verify(Deadline.after(INIT_CHECK_S))  # an evicting server fails init, as a wrong table does
         if store is None:
             store = DynamoDBStore(transport if transport is not None else _transport(config), config.table,
                                   config.attributes, config.partition_value)

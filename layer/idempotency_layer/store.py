@@ -120,6 +120,7 @@ class DynamoDBStore:
     ) -> None:
         self.transport = transport
         self.table = table
+        self.where = f"table {table!r}"  # what the CLI calls the store
         self.attr = attributes
         self.partition_value = partition_value
         a = attributes

@@ -100,8 +100,9 @@ class Environments:
         self.current: list[tuple[LambdaEnvironment, int]] | None = None  # envs used by the running test
 
     def base_env(self, table: str) -> dict[str, str]:
-        return {**CREDENTIALS, "AWS_ENDPOINT_URL_DYNAMODB": self.endpoint, "IDEMPOTENCY_TABLE": table,
-                "EXECUTIONS_FILE": str(self.executions.path)}
+        """`table` "": no IDEMPOTENCY_TABLE (the Valkey store's environments)."""
+        return {**CREDENTIALS, "AWS_ENDPOINT_URL_DYNAMODB": self.endpoint, **({"IDEMPOTENCY_TABLE": table} if table
+                else {}), "EXECUTIONS_FILE": str(self.executions.path)}
 
     def _used(self, env: LambdaEnvironment) -> LambdaEnvironment:
         if self.current is not None:

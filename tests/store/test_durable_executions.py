@@ -186,3 +186,16 @@ def test_show_and_key_of_an_envelope_name_the_owner_execution(layer, ledger, ddb
     keyed = cli("key", "--event", envelope_file(owner))
     assert keyed.returncode == 0 and f"execution: {owner}" in keyed.stdout
     assert keyed.stdout.strip().splitlines()[-1] == record["id"]["S"]
+
+
+@pytest.mark.parametrize("kind", ["redis7", "valkey9"])
+def test_on_the_valkey_store_two_executions_of_one_message_charge_once(layer, ledger, valkey_servers, kind):
+    server = valkey_servers[kind]
+    server.command("FLUSHALL")
+    handler = layer(IDEMPOTENCY_TABLE=None, IDEMPOTENCY_STORE="valkey", IDEMPOTENCY_VALKEY_URL=server.url)
+    with DurableFunctionTestRunner(handler=handler) as runner:
+        first = finish(runner, start(runner, "order-7"))
+        second = finish(runner, start(runner, "order-7"))
+    assert first.status is InvocationStatus.SUCCEEDED and second.status is InvocationStatus.SUCCEEDED
+    assert second.result == first.result and json.loads(first.result) == {"receipt": "charged order-7"}
+    assert charges(ledger) == ["order-7"]

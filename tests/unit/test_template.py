@@ -175,3 +175,24 @@ def test_kafka_consumer_has_a_provisioned_mapping_reporting_batch_item_failures(
     assert statements[0] == shipments["Policies"][0]["Statement"][0]
     assert [(s["Action"], s["Resource"]) for s in statements[1:]] == [
         ("secretsmanager:GetSecretValue", {"Ref": "KafkaSecretArn"})]
+
+
+def test_the_valkey_example_is_cfn_lint_clean_and_points_the_function_at_its_cluster() -> None:
+    path = ROOT / "examples" / "valkey" / "template.yaml"
+    beside = Path(sys.executable).with_name("cfn-lint")
+    cfn_lint = str(beside) if beside.exists() else shutil.which("cfn-lint")
+    assert cfn_lint, "cfn-lint not installed"
+    proc = subprocess.run([cfn_lint, str(path)], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    valkey = cfn_yaml.load(str(path))
+    _, cluster = resource_of_type(valkey, "AWS::MemoryDB::Cluster")
+    assert cluster["TLSEnabled"] is True and "ParameterGroupName" not in cluster  # the default: noeviction
+    _, fn = resource_of_type(valkey, "AWS::Serverless::Function", CodeUri="../orders/")
+    env = fn["Environment"]["Variables"]
+    assert env["IDEMPOTENCY_STORE"] == "valkey" and "IDEMPOTENCY_TABLE" not in env
+    assert env["IDEMPOTENCY_VALKEY_URL"]["Fn::Sub"].startswith("rediss://orders:${UserPassword}@${Cache.")
+    _, user = resource_of_type(valkey, "AWS::MemoryDB::User")
+    assert user["AccessString"].split()[1] == f"~{env['IDEMPOTENCY_KEY_PREFIX']}#*"  # the layer's keys only
+    # Exactly the ACL tests/store/test_valkey_store.py runs the layer as.
+    assert " ".join(user["AccessString"].split()[1:]).replace("~orders#*", "~orders#*") == (
+        "~orders#* +evalsha +eval +info +cluster|slots +exists +hmget +hgetall +hget +hset +hdel +del +expire")

@@ -178,7 +178,7 @@ def _show(args: Any, store: Any, keys: list[str], execution: str | None = None) 
 
     emit({"table": store.table, "records": shown, "missing": missing}, args.json, text)
     for key in missing:
-        _fail(f"no record for key {key!r} in table {store.table!r}", 1)
+        _fail(f"no record for key {key!r} in {store.where}", 1)
     return 1 if missing else 0
 
 
@@ -203,7 +203,7 @@ def _purge(args: Any, store: Any, keys: list[str]) -> int:
     emit({"table": store.table, "deleted": deleted, "missing": missing, "refused": refused}, args.json,
          lambda found: [f"deleted the record of key {d['key']} (it was {d['was']})" for d in found["deleted"]])
     for key in missing:
-        _fail(f"no record for key {key!r} in table {store.table!r}: nothing to delete", 1)
+        _fail(f"no record for key {key!r} in {store.where}: nothing to delete", 1)
     for entry in refused:
         _fail(entry["reason"], 1)
     return 1 if missing or refused else 0

@@ -549,13 +549,13 @@ def run(args: Any, env: dict[str, str]) -> list[Check]:
         config = _settings.load(env)
     except IdempotencyConfigurationError as error:
         return [*checks, Check("settings", FAIL, str(error), "fix the setting it names")]
-    checks.append(Check("settings", PASS, f"valid: table {config.table}, key prefix {config.key_prefix!r}, "
-                        f"scope {config.scope}"))
+    where = f"table {config.table}" if config.store == "dynamodb" else f"store {config.valkey!r}"
+    checks.append(Check("settings", PASS, f"valid: {where}, key prefix {config.key_prefix!r}, scope {config.scope}"))
     checks.append(key_check(config))
     if config.disabled:
         checks.append(Check("disabled", WARN, "IDEMPOTENCY_DISABLED is true: the runtime calls the handler directly "
                             "and nothing is stored", "unset IDEMPOTENCY_DISABLED to make the function idempotent"))
-        if not config.table:
+        if not config.table and config.valkey is None:
             return checks
     if not args.function:
         checks.append(wrapper_check(env.get("AWS_LAMBDA_EXEC_WRAPPER"), "local"))
@@ -564,6 +564,8 @@ def run(args: Any, env: dict[str, str]) -> list[Check]:
             checks.append(following)
     else:
         checks += _deployment_checks(config, configuration, mappings, session, timeout or 3)
+    if config.store == "valkey":
+        return checks + _valkey_checks(config)
     try:
         transport = _settings.transport(config, env)
     except Exception as error:
@@ -576,6 +578,22 @@ def run(args: Any, env: dict[str, str]) -> list[Check]:
         store = DynamoDBStore(transport, config.table, config.attributes, config.partition_value)
         checks += permission_checks(store, config.key_prefix)
     return checks
+
+
+def _valkey_checks(config: Any) -> list[Check]:
+    from ..valkey_store import make_store
+    from .valkey_checks import probe_checks, server_checks
+
+    try:
+        store = make_store(config)
+    except Exception as error:  # the CA bundle unreadable, say
+        return [Check("client", FAIL, f"the Valkey client could not be set up: {type(error).__name__}: {error}",
+                      "check AWS_CA_BUNDLE and IDEMPOTENCY_VALKEY_URL")]
+    try:
+        found, nodes = server_checks(store, Check)
+        return found + probe_checks(store, config.key_prefix, Check, nodes)
+    finally:
+        store.client.close()
 
 
 def _deployment_checks(config: Any, configuration: dict[str, Any], mappings: list[dict[str, Any]], session: Any,

@@ -150,7 +150,7 @@ def get(store: DynamoDBStore, key: str) -> Record | None:
 def read(store: DynamoDBStore, key: str) -> Record:
     record = get(store, key)
     if record is None:
-        raise Missing(f"no record for key {key!r} in table {store.table!r}")
+        raise Missing(f"no record for key {key!r} in {store.where}")
     return record
 
 

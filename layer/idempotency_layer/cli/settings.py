@@ -36,6 +36,8 @@ OPTIONS = (
     ("--partition-value", "IDEMPOTENCY_PARTITION_VALUE", "the static partition key value with a sort key"),
     ("--transport", "IDEMPOTENCY_TRANSPORT", "lean or boto3"),
     ("--endpoint-url", "AWS_ENDPOINT_URL_DYNAMODB", "DynamoDB's endpoint"),
+    ("--store", "IDEMPOTENCY_STORE", "dynamodb or valkey"),
+    ("--valkey-url", "IDEMPOTENCY_VALKEY_URL", "the Valkey server, rediss://[user:password@]host[:port][/db]"),
 )
 
 
@@ -79,7 +81,8 @@ def load(env: dict[str, str], need_table: bool = True, need_prefix: bool = True)
         env["IDEMPOTENCY_KEY_PREFIX"] = PLACEHOLDER_PREFIX
     if not (env.get("IDEMPOTENCY_ORIGINAL_HANDLER") or "").strip():
         env["IDEMPOTENCY_ORIGINAL_HANDLER"] = PLACEHOLDER_HANDLER
-    if not need_table and not (env.get("IDEMPOTENCY_TABLE") or "").strip():
+    valkey = (env.get("IDEMPOTENCY_STORE") or "").strip().lower() == "valkey"
+    if not need_table and not valkey and not (env.get("IDEMPOTENCY_TABLE") or "").strip():
         env["IDEMPOTENCY_TABLE"] = PLACEHOLDER_TABLE
     try:
         return _config.load(env)
@@ -102,6 +105,10 @@ def transport(config: _config.Config, env: Mapping[str, str]) -> Any:
 
 
 def store(config: _config.Config, env: Mapping[str, str]) -> Any:
+    if config.store == "valkey":
+        from ..valkey_store import make_store
+
+        return make_store(config)
     from ..store import DynamoDBStore
 
     return DynamoDBStore(transport(config, env), config.table, config.attributes, config.partition_value)
