@@ -112,10 +112,11 @@ class Valkey(_ValkeyFields):
 
     def __repr__(self) -> str:  # never the password, wherever a config is shown
         scheme = "rediss" if self.tls else "redis"
-        user = f"{self.username}:***@" if self.password else f"{self.username}@" if self.username else ""
+        user = f"{self.username or ''}:***@" if self.password else f"{self.username}@" if self.username else ""
+        host = f"[{self.host}]" if ":" in self.host else self.host
         auth = (f", password from {self.secret}" if self.secret else
                 f", IAM authentication to {self.iam} {self.cache}" if self.iam else "")
-        return f"Valkey({scheme}://{user}{self.host}:{self.port}/{self.db}{auth})"
+        return f"Valkey({scheme}://{user}{host}:{self.port}/{self.db}{auth})"
 
 
 if TYPE_CHECKING:
@@ -417,6 +418,8 @@ def _valkey_url(url: str) -> Valkey:
     path = parts.path.strip("/")
     if scheme not in _VALKEY_SCHEMES or not parts.hostname or parts.query or parts.fragment or "#" in url:
         raise IdempotencyConfigurationError(shape)
+    if re.search(r"%(?![0-9A-Fa-f]{2})", parts.netloc.rpartition("@")[0]):  # a broken escape in user or password
+        raise IdempotencyConfigurationError(shape + " (user and password percent-encoded: %XX)")
     if (path and not path.isdigit()) or not path.isascii() or port == 0 or any(c in url for c in "\t\r\n "):
         raise IdempotencyConfigurationError(shape)
     username = unquote(parts.username) if parts.username else None

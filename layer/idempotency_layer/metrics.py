@@ -71,7 +71,7 @@ _OUTCOMES = {
     "execution_completed": "the durable execution that owns the key succeeded: the key is completed for "
                            "duplicate executions",
     "execution_released": "the durable execution that owns the key failed: released, so a later delivery runs again",
-    "store_error": "store error: the table could not be used; the handler did not run",
+    "store_error": "store error: the store could not be used; the handler did not run",
     "not_claimed": "no claim made: the key was refused, or this environment runs no handler",
 }
 # Batch lines name counts of records by these words.

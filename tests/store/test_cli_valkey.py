@@ -142,3 +142,12 @@ def test_doctor_against_a_replica_stops_at_the_refused_claim(valkey_servers: dic
         assert "the URL names a replica" in done.stdout
     finally:
         replica.close()
+
+
+def test_key_needs_no_server(tmp_path: Path) -> None:
+    event = tmp_path / "event.json"
+    event.write_text('{"orderId": "o-1"}')
+    env = cli_env("", IDEMPOTENCY_KEY_JMESPATH="orderId")
+    del env["IDEMPOTENCY_VALKEY_URL"]
+    done = run(env, "key", "--event", str(event))
+    assert done.returncode == 0 and done.stdout.splitlines()[-1].startswith("orders#"), done.stdout + done.stderr

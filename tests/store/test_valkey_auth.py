@@ -113,3 +113,21 @@ def test_a_password_from_secrets_manager_is_read_again_after_a_rotation(secret: 
         assert "password" not in str(raised.value).replace("Valkey password", "") and calls == [1, 1]
     finally:
         server.command("ACL", "DELUSER", "orders")
+
+
+def test_secrets_manager_out_of_reach_is_checked_again_and_a_missing_secret_fails_init(
+        secret: Any, valkey_servers: dict[str, Server], monkeypatch: pytest.MonkeyPatch) -> None:
+    from idempotency_layer.deadline import Deadline
+    from idempotency_layer.errors import IdempotencyConfigurationError
+
+    server = valkey_servers["redis7"]
+    _, arn = secret
+    missing = make_store(settings(f"redis://127.0.0.1:{server.port}",
+                                  IDEMPOTENCY_VALKEY_SECRET=arn.replace("orders-valkey", "no-such-secret")))
+    with pytest.raises(IdempotencyConfigurationError, match=r"^IDEMPOTENCY_VALKEY_SECRET: .*ResourceNotFoundException"):
+        missing.verify(Deadline.after(5))
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SECRETS_MANAGER", "http://127.0.0.1:9")  # nothing listens
+    away = make_store(settings(f"redis://127.0.0.1:{server.port}", IDEMPOTENCY_VALKEY_SECRET=arn,
+                               IDEMPOTENCY_CONNECT_TIMEOUT="0.2"))
+    away.verify(Deadline.after(5))  # not definite: a warning, checked again before the first claim
+    assert away._unverified is not None

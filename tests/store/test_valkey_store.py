@@ -349,7 +349,7 @@ def test_concurrent_copies_run_once(server: Server) -> None:
 
 # -- an ACL user ------------------------------------------------------------------------------------------------
 
-ACL = "~orders#* +evalsha +eval +info +cluster|slots +exists +hmget +hgetall +hget +hset +hdel +del +expire"
+ACL = "~orders#* +evalsha +eval +info +cluster|slots +asking +exists +hmget +hgetall +hget +hset +hdel +del +expire"
 
 
 def test_the_documented_acl_is_all_the_layer_needs_and_less_is_refused_as_denied(server: Server) -> None:
@@ -360,6 +360,9 @@ def test_the_documented_acl_is_all_the_layer_needs_and_less_is_refused_as_denied
     server.command("ACL", "SETUSER", "orders-acl", "reset", "on", ">acl-password-1", *ACL.split())
     server.command("ACL", "SETUSER", "orders-less", "reset", "on", ">acl-password-1", "~orders#*", "+evalsha", "+eval",
                    "+info")
+    # The documented ACL but EXPIRE: a refusal inside the claim's script, which is not rolled back.
+    server.command("ACL", "SETUSER", "orders-noexp", "reset", "on", ">acl-password-1",
+                   *[part for part in ACL.split() if part != "+expire"])
     try:
         store = make(server.port, username="orders-acl", password="acl-password-1")
         store.verify(Deadline.after(5))
@@ -373,8 +376,12 @@ def test_the_documented_acl_is_all_the_layer_needs_and_less_is_refused_as_denied
             Cycle(make(server.port, username="orders-less", password="acl-password-1"), ttl_seconds=3600).run(
                 Invocation(LONG), "orders#acl", handler)
         assert raised.value.denied and raised.value.permanent and handler.calls == 1
+        with pytest.raises(IdempotencyPersistenceLayerError) as raised:
+            Cycle(make(server.port, username="orders-noexp", password="acl-password-1"), ttl_seconds=3600).run(
+                Invocation(LONG), "orders#noexp", handler)
+        assert raised.value.denied and raw(server, "orders#noexp") == {}  # nothing left without an expiry
     finally:
-        server.command("ACL", "DELUSER", "orders-acl", "orders-less")
+        server.command("ACL", "DELUSER", "orders-acl", "orders-less", "orders-noexp")
 
 
 def test_a_user_without_a_password_is_that_user(server: Server) -> None:
@@ -430,3 +437,30 @@ def test_every_primary_of_a_cluster_is_checked(cluster: Cluster) -> None:
     store = make(cluster.nodes[0].port)
     store.verify(Deadline.after(5))  # and the slots learnt: no MOVED for any key
     assert len(set(store.client.node(f"fn#{i}") for i in range(50))) == 3
+
+
+def test_a_claim_in_a_migrating_slot_follows_ask_as_the_documented_acl_user(cluster: Cluster) -> None:
+    from idempotency_layer.valkey_store.client import _slot
+
+    key = "orders#ask-1"
+    slot = _slot(key)
+    ids = {node.port: node.command("CLUSTER", "MYID").split(b"\r\n")[1].decode() for node in cluster.nodes}
+    source = next(node for node in cluster.nodes if not node.command("CLUSTER", "COUNTKEYSINSLOT", str(slot))
+                  .startswith(b"-") and node.command("GET", key).startswith(b"$"))
+    target = next(node for node in cluster.nodes if node is not source)
+    for node in cluster.nodes:
+        node.command("ACL", "SETUSER", "orders-acl", "reset", "on", ">acl-password-1", *ACL.split())
+    try:
+        assert target.command("CLUSTER", "SETSLOT", str(slot), "IMPORTING", ids[source.port]) == b"+OK\r\n"
+        assert source.command("CLUSTER", "SETSLOT", str(slot), "MIGRATING", ids[target.port]) == b"+OK\r\n"
+        handler = Handler()
+        cycle = Cycle(make(source.port, username="orders-acl", password="acl-password-1"), ttl_seconds=3600)
+        cycle.run(Invocation(LONG), key, handler)  # ASK: the key is new, so the target takes it
+        for node in cluster.nodes:  # the migration finished: the slot is the target's everywhere
+            node.command("CLUSTER", "SETSLOT", str(slot), "NODE", ids[target.port])
+        assert handler.calls == 1 and target.command("EXISTS", key) == b":1\r\n"
+        assert cycle.run(Invocation(LONG), key, handler).replayed and handler.calls == 1  # MOVED now
+    finally:
+        for node in cluster.nodes:
+            node.command("CLUSTER", "SETSLOT", str(slot), "NODE", ids[target.port])
+            node.command("ACL", "DELUSER", "orders-acl")

@@ -195,4 +195,4 @@ def test_the_valkey_example_is_cfn_lint_clean_and_points_the_function_at_its_clu
     assert user["AccessString"].split()[1] == f"~{env['IDEMPOTENCY_KEY_PREFIX']}#*"  # the layer's keys only
     # Exactly the ACL tests/store/test_valkey_store.py runs the layer as.
     assert " ".join(user["AccessString"].split()[1:]).replace("~orders#*", "~orders#*") == (
-        "~orders#* +evalsha +eval +info +cluster|slots +exists +hmget +hgetall +hget +hset +hdel +del +expire")
+        "~orders#* +evalsha +eval +info +cluster|slots +asking +exists +hmget +hgetall +hget +hset +hdel +del +expire")

@@ -37,7 +37,7 @@ def test_a_valkey_url_is_parsed(url: str, expected: tuple) -> None:
 @pytest.mark.parametrize("url", ["http://host", "rediss:///", "rediss://host:0", "rediss://host:65536",
                                  "rediss://host/db1", "rediss://host?ssl_cert_reqs=none", "rediss://host#x",
                                  "rediss://ho st", "unix:///tmp/valkey.sock", "rediss://host:port",
-                                 "rediss://user:p#ss@host"])
+                                 "rediss://user:p#ss@host", "rediss://user:SEC%ZZ@host"])
 def test_a_bad_url_fails_init_without_showing_it(url: str) -> None:
     with pytest.raises(IdempotencyConfigurationError, match="IDEMPOTENCY_VALKEY_URL is not accepted") as raised:
         load(IDEMPOTENCY_VALKEY_URL=url)
@@ -48,6 +48,8 @@ def test_the_password_is_never_in_the_settings_repr() -> None:
     found = load(IDEMPOTENCY_VALKEY_URL="rediss://orders:hunter2hunter2@host:6379")
     assert "hunter2" not in repr(found.valkey) and "hunter2" not in repr(found)
     assert repr(found.valkey) == "Valkey(rediss://orders:***@host:6379/0)"
+    assert repr(load(IDEMPOTENCY_VALKEY_URL="rediss://:hunter2hunter2@[::1]:6380").valkey) == \
+        "Valkey(rediss://:***@[::1]:6380/0)"
 
 
 @pytest.mark.parametrize("name", ["IDEMPOTENCY_TABLE", "IDEMPOTENCY_TRANSPORT", "IDEMPOTENCY_PARTITION_VALUE",

@@ -34,7 +34,8 @@ def state(record: Record, now: float) -> str:
 
 
 _MEANING = {
-    "expired": "the next copy runs the handler again (DynamoDB's TTL deletes the item in time)",
+    "expired": "the next copy runs the handler again (the store deletes the record in time: DynamoDB's TTL, the "
+               "Valkey server's expiry)",
     "completed": "copies replay the stored result",
     "completed (too large)": "the result was too large to store: copies raise IdempotencyResultTooLargeError "
                              "and the handler does not run",

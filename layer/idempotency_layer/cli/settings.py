@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 PLACEHOLDER_HANDLER = "idempotency-cli.placeholder"
 PLACEHOLDER_TABLE = "unset-table"  # `key` needs no table; every other command requires one
+PLACEHOLDER_VALKEY = "redis://unset-valkey-url.invalid"  # ... nor a Valkey server
 PLACEHOLDER_PREFIX = "idempotency-cli-placeholder"  # `show KEY`, `purge KEY`: the key carries its prefix
 
 # option -> the environment variable it sets
@@ -84,6 +85,8 @@ def load(env: dict[str, str], need_table: bool = True, need_prefix: bool = True)
     valkey = (env.get("IDEMPOTENCY_STORE") or "").strip().lower() == "valkey"
     if not need_table and not valkey and not (env.get("IDEMPOTENCY_TABLE") or "").strip():
         env["IDEMPOTENCY_TABLE"] = PLACEHOLDER_TABLE
+    if not need_table and valkey and not (env.get("IDEMPOTENCY_VALKEY_URL") or "").strip():
+        env["IDEMPOTENCY_VALKEY_URL"] = PLACEHOLDER_VALKEY  # `key` reads no record
     try:
         return _config.load(env)
     except IdempotencyConfigurationError as error:

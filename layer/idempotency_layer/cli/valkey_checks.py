@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 PROBE_SECONDS = 120
+GRANT = "+evalsha +eval +info +cluster|slots +asking +exists +hmget +hgetall +hget +hset +hdel +del +expire"
 
 
 def _info(store: Any, section: str) -> dict[str, str]:
@@ -42,9 +43,18 @@ def server_checks(store: Any, check: Any) -> tuple[list[Any], list[tuple[str, in
         server, cluster, persistence = (_info(store, name) for name in ("server", "cluster", "persistence"))
         policies = store.policies()
     except ValkeyError as error:
-        rows.append(check("server", "FAIL", f"{store.table} did not answer: {error}",
-                          "check the URL, the security group (the function and the cluster in one VPC), the "
-                          "credentials (WRONGPASS, NOAUTH) and the network"))
+        if error.code == "NOPERM":
+            said, fix = "refused the user INFO or CLUSTER SLOTS", f"grant the user {GRANT} (docs/valkey.md)"
+        elif error.code in ("WRONGPASS", "NOAUTH"):
+            said, fix = "refused the credentials", "check the user and password (or the secret, or the IAM user)"
+        elif error.code == "SECRET":
+            said, fix = "could not be connected to", "check IDEMPOTENCY_VALKEY_SECRET and the role's access to it"
+        elif error.code is not None:
+            said, fix = "refused the layer's check", "see the server's answer"
+        else:
+            said, fix = "did not answer", ("check the URL, the security group (the function and the cluster in one "
+                                           "VPC), TLS (AWS_CA_BUNDLE) and the network")
+        rows.append(check("server", "FAIL", f"{store.table} {said}: {error}", fix))
         return rows, []
     engine = "valkey" if server.get("server_name") == "valkey" or "valkey_version" in server else "redis"
     version = server.get("valkey_version") or server.get("redis_version") or "?"
@@ -100,10 +110,12 @@ def _probe(store: Any, key: str, where: str, check: Any) -> list[Any]:
             action()
         except IdempotencyPersistenceLayerError as error:
             text = str(error)
-            fix = ("grant the user the commands the layer sends and its scripts call: +evalsha +eval +info +exists "
-                   "+hmget +hgetall +hget +hset +hdel +del +expire on the layer's keys (docs/valkey.md)"
-                   if error.denied else "the URL names a replica: use the primary (or cluster configuration) endpoint"
-                   if "READONLY" in text else "retry doctor")
+            if error.denied:
+                fix = f"grant the user the commands the layer sends and its scripts call: {GRANT} (docs/valkey.md)"
+            elif "READONLY" in text:
+                fix = "the URL names a replica: use the primary (or cluster configuration) endpoint"
+            else:
+                fix = "retry doctor"
             rows.append(check(f"probe {name}", "FAIL", f"on probe key {key}{where}: {text}", fix))
             return False
         rows.append(check(f"probe {name}", "PASS", f"probe key {key}{where}"))

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 TOKEN_SECONDS = 900  # what ElastiCache and MemoryDB accept as a token's lifetime
 TOKEN_REUSE_S = 600  # a token serves new connections this long, so none is used near its end
+_TRANSIENT = frozenset({"ThrottlingException", "InternalServiceError", "ServiceUnavailable", "RequestTimeout"})
 _SERVICE = {"elasticache": "elasticache", "elasticache-serverless": "elasticache", "memorydb": "memorydb"}
 
 
@@ -84,8 +85,11 @@ class Auth:
             value = client.get_secret_value(SecretId=secret).get("SecretString")
         except Exception as error:  # botocore's and boto3's own errors: the code, never the value
             code = getattr(error, "response", {}).get("Error", {}).get("Code") or type(error).__name__
+            # Secrets Manager could not be reached or was busy: like a server that does not answer (checked again
+            # before the first claim). Anything else (no such secret, no access, no credentials) is definite.
+            transient = code in _TRANSIENT or "Timeout" in code or "Connection" in code
             raise ValkeyError(f"the Valkey password could not be read from Secrets Manager secret {secret!r}: "
-                              f"{code}", code="SECRET") from None
+                              f"{code}", code=None if transient else "SECRET") from None
         return _parse(secret, value)
 
 

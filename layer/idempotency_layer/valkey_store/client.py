@@ -293,7 +293,7 @@ def _slot(key: str) -> int:
 
 
 def _where(node: tuple[str, int]) -> str:
-    return f"{node[0]}:{node[1]}"
+    return f"[{node[0]}]:{node[1]}" if ":" in node[0] else f"{node[0]}:{node[1]}"
 
 
 def _bounded(text: str) -> str:

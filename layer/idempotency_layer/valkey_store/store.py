@@ -40,25 +40,30 @@ CLEANUP_MARGIN_S = 300
 
 # ARGV: owner, now (s), now (ms), claim until (ms), expires at (s), fingerprint or "", cleanup in (s).
 # The DynamoDB store's condition: nothing there, or expired (e < now), or an in-progress claim that ended.
+# A script is not rolled back when a command in it is refused (an ACL): each script's writes are ordered so that a
+# refusal leaves no record without its expiry. EXPIRE goes first (on a key about to be replaced, or none: checked
+# all the same), the new record is one HSET, and a completion sets its status last.
 CLAIM = """
 if redis.call('EXISTS', KEYS[1]) == 1 then
   local r = redis.call('HMGET', KEYS[1], 's', 'e', 'u')
   local e, u = tonumber(r[2]), tonumber(r[3])
   local expired = (e ~= nil and e < tonumber(ARGV[2])) or (r[1] == 'INPROGRESS' and u ~= nil and u < tonumber(ARGV[3]))
   if not expired then return redis.call('HGETALL', KEYS[1]) end
-  redis.call('DEL', KEYS[1])
 end
-redis.call('HSET', KEYS[1], 's', 'INPROGRESS', 'e', ARGV[5], 'u', ARGV[4], 'o', ARGV[1])
-if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'h', ARGV[6]) end
+redis.call('EXPIRE', KEYS[1], ARGV[7])
+redis.call('DEL', KEYS[1])
+local fields = {'s', 'INPROGRESS', 'e', ARGV[5], 'u', ARGV[4], 'o', ARGV[1]}
+if ARGV[6] ~= '' then fields[9], fields[10] = 'h', ARGV[6] end
+redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('EXPIRE', KEYS[1], ARGV[7])
 return 0
 """
 # ARGV: owner, expires at (s), format, "1" with a result or "0", the result, cleanup in (s).
 COMPLETE = """
 if redis.call('HGET', KEYS[1], 'o') ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 's', 'COMPLETED', 'e', ARGV[2], 'f', ARGV[3])
-if ARGV[4] == '1' then redis.call('HSET', KEYS[1], 'r', ARGV[5]) else redis.call('HDEL', KEYS[1], 'r') end
 redis.call('EXPIRE', KEYS[1], ARGV[6])
+if ARGV[4] == '1' then redis.call('HSET', KEYS[1], 'r', ARGV[5]) else redis.call('HDEL', KEYS[1], 'r') end
+redis.call('HSET', KEYS[1], 's', 'COMPLETED', 'e', ARGV[2], 'f', ARGV[3])
 return 1
 """
 # ARGV: owner. 1: deleted; 2: nothing there (gone already); 0: another owner's record, left alone.
@@ -127,11 +132,15 @@ class ValkeyStore:
                         "handler run twice (set it in the cluster's parameter group)"
                     )
         except ValkeyError as error:
+            if error.code == "SECRET":
+                raise IdempotencyConfigurationError(f"IDEMPOTENCY_VALKEY_SECRET: {error}") from None
             if error.code is not None and not error.uncertain:
-                raise IdempotencyConfigurationError(
-                    f"IDEMPOTENCY_VALKEY_URL ({self.table}): the server refused the layer's check of its eviction "
-                    f"policy ({error})"
-                ) from None
+                said = ("refused the credentials" if error.code in ("WRONGPASS", "NOAUTH") else
+                        "refused the user INFO or CLUSTER SLOTS, which the layer needs to check its eviction policy "
+                        "(docs/valkey.md: Permissions)" if error.code == "NOPERM" else
+                        "refused the layer's check of its eviction policy")
+                raise IdempotencyConfigurationError(f"IDEMPOTENCY_VALKEY_URL ({self.table}): the server {said} "
+                                                    f"({error})") from None
             self._unverified = str(error)
             _logger.warning("the Valkey server %s could not be reached to check its eviction policy (%s); checked "
                             "again before the first claim", self.table, error)
