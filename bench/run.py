@@ -12,7 +12,8 @@ One run, one DynamoDB Local behind one counting proxy, the same events for every
   5. what metrics cost: the layer's CPU per invocation with IDEMPOTENCY_METRICS=emf over without (`_metrics_cost`;
      alone: `bench/run.py --only-metrics-cost`);
   6. the Valkey store against Powertools' CachePersistenceLayer on one Valkey server (bench/valkey_bench.py;
-     alone: `bench/run.py --only-valkey`).
+     alone: `bench/run.py --only-valkey`);
+  7. what a result kept in S3 costs against a small one (bench/large_bench.py; alone: `bench/run.py --only-large`).
 It reports; it asserts nothing about speed. Output: a table on stdout, bench/results.json, bench/ratios.png and
 bench/README-section.md, the benchmark section to paste into docs/performance.md below its introduction.
 """
@@ -151,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="measure only what IDEMPOTENCY_METRICS=emf costs per invocation, print it, write nothing")
     parser.add_argument("--no-valkey", action="store_true", help="skip the Valkey store's rows")
     parser.add_argument("--only-valkey", action="store_true", help="run only the Valkey store's rows")
+    parser.add_argument("--no-large", action="store_true", help="skip the large results' rows")
+    parser.add_argument("--only-large", action="store_true", help="run only the large results' rows")
     parser.add_argument("--out", type=Path, help="where results.json, ratios.png and README-section.md (the "
                         "benchmark section of docs/performance.md) go (default: bench/, or a temporary folder with "
                         "--quick, so a smoke run never replaces them)")
@@ -165,6 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         return _only_metrics_cost(iterations, warmup)
     if args.only_valkey:
         return _only_valkey(iterations, warmup, init_samples)
+    if args.only_large:
+        import large_bench
+
+        return large_bench.main(["--iterations", str(min(iterations, 40))])
 
     started = time.monotonic()
     meta = report.machine()
@@ -219,6 +226,11 @@ def main(argv: list[str] | None = None) -> int:
 
             print("==> the Valkey store against Powertools' CachePersistenceLayer", file=sys.stderr)
             results["valkey"] = valkey_bench.measure(iterations, warmup, init_samples, log)
+        if not args.no_large:
+            import large_bench
+
+            print("==> a result kept in S3 against a small one", file=sys.stderr)
+            results["large"] = large_bench.measure(min(iterations, 40))
     meta["seconds"] = round(time.monotonic() - started, 1)
     summary = report.summarise(results)
     summary["metrics_cost"] = results["metrics_cost"]
@@ -229,6 +241,11 @@ def main(argv: list[str] | None = None) -> int:
 
         summary["valkey"] = results["valkey"]
         print(valkey_bench.render(results["valkey"]))
+    if "large" in results:
+        import large_bench
+
+        summary["large"] = results["large"]
+        print(large_bench.render(results["large"]))
     report.write(summary, args.out)
     print(f"\nwrote results.json, ratios.png and README-section.md to {args.out} in {meta['seconds']} s",
           file=sys.stderr)

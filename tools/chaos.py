@@ -136,6 +136,9 @@ class Settings:
     # then sends one more copy of, which must run again: once. The environments keep a local cache, which a purge
     # must reach.
     purge: float = 0.0
+    # Fraction of keys (whole events) whose result is over a record (LARGE_BYTES of base64 text): kept in the
+    # large-results bucket, on moto's S3 server (IDEMPOTENCY_LARGE_RESULTS_BUCKET), and replayed from it.
+    large: float = 0.0
 
     def check(self) -> None:
         for name in ("duplicates", "fault_rate", "kill_rate", "overrun", "slow"):
@@ -192,6 +195,15 @@ def record_id(key: str) -> str:
     """The layer's record key for `key` (docs/how-it-works.md: `<prefix>#<sha256 of the canonical JSON>`)."""
     canonical = json.dumps(key, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
     return f"{FUNCTION}#{hashlib.sha256(canonical).hexdigest()}"
+
+
+LARGE_BYTES = 700_000
+LARGE_BUCKET = "chaos-large-results"
+
+
+def large(settings: Settings, key: str) -> bool:
+    """Whether `key`'s result is too large for a record (whole events only)."""
+    return settings.batch is None and random.Random(f"{settings.seed}:large:{key}").random() < settings.large
 
 
 def overruns(settings: Settings, key: str) -> bool:
@@ -431,6 +443,7 @@ class Soak:
         self._live: set[LambdaEnvironment] = set()  # started and not yet stopped, so an abort stops them all
         self._closing = False
         self.proxy: FaultProxy | None = None
+        self.s3: Any = None  # moto's server, holding the large-results bucket (Settings.large)
         self.started = self.ended = 0.0
 
     # -- the run --------------------------------------------------------------------------------------------
@@ -445,6 +458,12 @@ class Soak:
         host, port = self.dynamodb_endpoint.rsplit("//", 1)[1].rsplit(":", 1)
         rates = even_mix(s.fault_rate, s.faults)
         self.proxy = FaultProxy(host, int(port), rates, seed=s.seed, spike=(s.spike_ms[0] / 1000, s.spike_ms[1] / 1000))
+        if s.large:
+            from tests.support.sqs_server import SQSServer
+
+            self.s3 = SQSServer(self.work / "moto.log").start()
+            boto3.client("s3", endpoint_url=self.s3.endpoint, region_name="us-east-1", aws_access_key_id="a",
+                         aws_secret_access_key="b").create_bucket(Bucket=LARGE_BUCKET)
         workers = [Worker(self, slot) for slot in range(s.environments)]
         try:
             self.started = time.monotonic()
@@ -460,6 +479,8 @@ class Soak:
         finally:
             self._close(workers)
             self.proxy.close()
+            if self.s3 is not None:
+                self.s3.stop()
             with contextlib.suppress(Exception):
                 client.delete_table(TableName=self.table)
 
@@ -503,6 +524,8 @@ class Soak:
                                                          else "json_parse(base64_decode(value)).payload")
         if s.purge:
             variables["IDEMPOTENCY_LOCAL_CACHE_SIZE"] = "256"  # a purge must reach it
+        if self.s3 is not None:
+            variables.update(IDEMPOTENCY_LARGE_RESULTS_BUCKET=LARGE_BUCKET, AWS_ENDPOINT_URL_S3=self.s3.endpoint)
         skewed = bool(s.skew_s) and serial % 2 == 1
         if skewed:
             variables.update(LD_PRELOAD=faketime_library(), FAKETIME=f"{s.skew_s:+.3f}")
@@ -538,6 +561,8 @@ class Soak:
                  "work_ms": work_ms(self.settings, copy.key), "attempt": attempt}
         if overruns(self.settings, copy.key):
             event["overrun"] = True
+        if large(self.settings, copy.key):
+            event["large"] = LARGE_BYTES
         return event
 
     def record(self, attempt: Attempt) -> None:
@@ -741,6 +766,10 @@ class Soak:
             "purged": sum(1 for at in self.purged.values() if at),
             "purges_refused": self.purges_refused,
             "stale": len(stale),
+            # Keys whose result is over a record, and records pointing into the large-results bucket.
+            "large_keys": sum(1 for key in keys if large(s, key)),
+            "large_in_bucket": sum(1 for record in records
+                                   if str(record.get("result_format", {}).get("S", "")).startswith("s3:")),
             "lost": len(self.lost),
             "stuck": len(stuck),
             "stuck_claims_live_at_end": live_at_end,
@@ -1107,6 +1136,9 @@ def report_lines(report: Mapping[str, Any]) -> list[str]:
         mode += f", {s['batch'].upper() if s['batch'] == 'sqs' else 'Kafka'} batches of 1 to {s['batch_size']} records"
     if s.get("purge"):
         mode += f", {s['purge']:.0%} of keys purged once done (local cache on)"
+    if s.get("large"):
+        mode += (f", {s['large']:.0%} of keys with results over a record ({_n(f['large_keys'])} keys, "
+                 f"{_n(f['large_in_bucket'])} records pointing to S3)")
     return [
         f"chaos soak, {mode}: seed {s['seed']}, {s['environments']} environments (Python {s['python']}), function "
         f"timeout {s['timeout']} s, {s['fault_rate']:.0%} of store requests faulted, {s['kill_rate']:.0%} of "
@@ -1175,6 +1207,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="records per batch, at most (default: %(default)s)")
     p.add_argument("--purge", type=float, default=d.purge,
                    help="fraction of keys purged once done, then sent again (default: %(default)s)")
+    p.add_argument("--large", type=float, default=d.large,
+                   help="fraction of keys whose result is too large for a record, kept in S3 (moto's server) "
+                        "(default: %(default)s)")
     p.add_argument("--skew", type=float, default=d.skew_s,
                    help="seconds every second environment's clock runs ahead, by libfaketime (default: %(default)s)")
     p.add_argument("--compare-persistence", action="store_true",
@@ -1217,7 +1252,7 @@ def main(argv: list[str] | None = None) -> int:
                     kill_rate=args.kill_rate, environments=args.environments, seed=args.seed, timeout=args.timeout,
                     attempts=args.attempts, work_ms=args.work_ms, overrun=args.overrun, slow=args.slow,
                     python=args.python, batch=args.batch, batch_size=args.batch_size, purge=args.purge,
-                    skew_s=args.skew,
+                    skew_s=args.skew, large=args.large,
                     faults=tuple(kind.strip() for kind in args.faults.split(",") if kind.strip()))
     try:
         base.check()

@@ -55,6 +55,24 @@ class Encoded(_EncodedFields):
     __slots__ = ()
 
 
+class Oversized(Encoded):
+    """A result too large for the record: TOO_LARGE, as every store and check sees it, which still carries what
+    `pack` made of it (`inner`: the format, `packed`: the bytes) for the large-results bucket to take
+    (IDEMPOTENCY_LARGE_RESULTS_BUCKET). Never stored as it is: a store completes it without data."""
+
+    inner: str
+    packed: bytes
+
+    @classmethod
+    def of(cls, inner: str, packed: bytes) -> Oversized:
+        found = cls(TOO_LARGE, None)
+        found.inner, found.packed = inner, packed
+        return found
+
+
+STORED = "s3:"  # a result in the large-results bucket: STORED + its format; the data is the pointer (JSON)
+
+
 class ResultNotEncodable(TypeError):
     """The value has a type the layer cannot store faithfully."""
 
@@ -170,8 +188,9 @@ def to_json(value: Any) -> tuple[str, bytes]:
 
 
 def is_binary(form: str) -> bool:
-    """Whether a format's data is bytes (stored as B) rather than UTF-8 text (stored as S)."""
-    return form.endswith(COMPRESSED) or form == BYTES
+    """Whether a format's data is bytes (stored as B) rather than UTF-8 text (stored as S). A pointer to the
+    large-results bucket is JSON text, whatever the format of what it points to."""
+    return not form.startswith(STORED) and (form.endswith(COMPRESSED) or form == BYTES)
 
 
 def pack(form: str, text: bytes, budget: int = ITEM_LIMIT - RECORD_OVERHEAD) -> Encoded:
@@ -185,7 +204,9 @@ def pack(form: str, text: bytes, budget: int = ITEM_LIMIT - RECORD_OVERHEAD) -> 
         return Encoded(form + COMPRESSED, packed)
     if len(text) <= budget:
         return Encoded(form, text)
-    return Encoded(TOO_LARGE, None)
+    if len(packed) < len(text):
+        return Oversized.of(form + COMPRESSED, packed)
+    return Oversized.of(form, text)
 
 
 def encode(value: Any, budget: int = ITEM_LIMIT - RECORD_OVERHEAD) -> Encoded:

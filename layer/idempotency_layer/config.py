@@ -162,6 +162,9 @@ if TYPE_CHECKING:
         # IDEMPOTENCY_DURABLE=execution: a Lambda durable execution of this function is one unit of work, keyed by
         # its input and owned by the execution; False (pass): its invocations are passed through, never claimed
         durable_executions: bool = False
+        # IDEMPOTENCY_LARGE_RESULTS_BUCKET / _PREFIX: where results too large for a record go; None: not stored
+        large_results_bucket: str | None = None
+        large_results_prefix: str = "idempotency-results/"
         store: str = "dynamodb"  # IDEMPOTENCY_STORE: "dynamodb" or "valkey"
         valkey: Valkey | None = None  # IDEMPOTENCY_VALKEY_URL when the store is valkey
 else:
@@ -197,9 +200,12 @@ else:
         "batch_precheck",
         "powertools_handler",
         "durable_executions",
+        "large_results_bucket",
+        "large_results_prefix",
         "store",
         "valkey",
-    ), defaults=(False, "Idempotency", None, None, False, "auto", None, False, "dynamodb", None))
+    ), defaults=(False, "Idempotency", None, None, False, "auto", None, False, None, "idempotency-results/",
+                 "dynamodb", None))
 
 
 class Config(_ConfigFields):
@@ -365,6 +371,35 @@ _IAM_SERVICES = ("elasticache", "elasticache-serverless", "memorydb")
 _SECRET = re.compile(r"arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:[A-Za-z0-9/_+=.@-]{1,512}|"
                      r"[A-Za-z0-9/_+=.@-]{1,512}")
 _CACHE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]{0,39}")
+
+
+# S3 bucket names without dots: a dotted name cannot be reached by TLS at <bucket>.s3.<region>.amazonaws.com.
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
+_OBJECT_PREFIX = re.compile(r"[A-Za-z0-9!_.*'()/-]{0,512}")
+
+
+def _large_results(env: Mapping[str, str]) -> tuple[str | None, str]:
+    bucket = _text(env, "IDEMPOTENCY_LARGE_RESULTS_BUCKET")
+    prefix = _text(env, "IDEMPOTENCY_LARGE_RESULTS_PREFIX")
+    if bucket is None:
+        if prefix is not None:
+            raise IdempotencyConfigurationError(
+                "IDEMPOTENCY_LARGE_RESULTS_PREFIX is set but IDEMPOTENCY_LARGE_RESULTS_BUCKET is not: no result would "
+                "go there"
+            )
+        return None, "idempotency-results/"
+    reserved = bucket.startswith(("xn--", "sthree-")) or bucket.endswith(("-s3alias", "--ol-s3"))
+    if not _BUCKET.fullmatch(bucket) or reserved:
+        raise IdempotencyConfigurationError(
+            f"IDEMPOTENCY_LARGE_RESULTS_BUCKET={bucket!r} is not an S3 bucket name this layer can reach (3 to 63 of "
+            "a-z 0-9 -, no dots)"
+        )
+    if prefix is not None and not _OBJECT_PREFIX.fullmatch(prefix):
+        raise IdempotencyConfigurationError(
+            f"IDEMPOTENCY_LARGE_RESULTS_PREFIX={prefix!r} is not accepted; expected up to 512 of A-Z a-z 0-9 and "
+            "!_.*'()/-"
+        )
+    return bucket, "idempotency-results/" if prefix is None else prefix
 
 
 def _valkey_auth(env: Mapping[str, str], valkey: Valkey) -> Valkey:
@@ -590,6 +625,7 @@ NAMES = frozenset(
     [variable for _, variable, *_ in _PLAIN + _DECIDED if variable.startswith("IDEMPOTENCY_")]
     + list(_ATTR_VARIABLES.values())
     + ["IDEMPOTENCY_DISABLED", "IDEMPOTENCY_ORIGINAL_HANDLER", "IDEMPOTENCY_TABLE", "IDEMPOTENCY_KEY_PREFIX",
+       "IDEMPOTENCY_LARGE_RESULTS_BUCKET", "IDEMPOTENCY_LARGE_RESULTS_PREFIX",
        "IDEMPOTENCY_STORE", "IDEMPOTENCY_VALKEY_URL", "IDEMPOTENCY_VALKEY_SECRET", "IDEMPOTENCY_VALKEY_IAM",
        "IDEMPOTENCY_KEY_JMESPATH", "IDEMPOTENCY_KEY_HEADER", "IDEMPOTENCY_CALLER_HEADERS", "IDEMPOTENCY_LOG_LEVEL",
        "IDEMPOTENCY_PARTITION_VALUE", "IDEMPOTENCY_METRICS_NAMESPACE"]
@@ -667,7 +703,10 @@ def load(env: Mapping[str, str] | None = None) -> Config:
             "layer handles as HTTP, so every caller would share each key; unset IDEMPOTENCY_HTTP (auto), or put the "
             "caller in IDEMPOTENCY_KEY_JMESPATH instead"
         )
+    results_bucket, results_prefix = _large_results(env)
     return Config(
+        large_results_bucket=results_bucket,
+        large_results_prefix=results_prefix,
         disabled=disabled,
         table=table,
         key_jmespath=None if key_jmespath == "@" else key_jmespath,

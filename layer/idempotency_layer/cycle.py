@@ -75,6 +75,9 @@ FIRST_READ_RETRY_S, LAST_READ_RETRY_S, MAX_READ_ATTEMPTS, PRECHECK_SHARE = 0.05,
 logger = logging.getLogger("idempotency_layer")
 
 
+_SPILL_FAILED = codec.Encoded(codec.TOO_LARGE, None)  # (by identity: a result the bucket could not take)
+
+
 def _requests_by(deadline: Deadline | None) -> Deadline | None:
     """When the requests of an invocation that ends at `deadline` must be done."""
     return None if deadline is None else deadline.earlier(RETURN_MARGIN_MS / 1000)
@@ -226,8 +229,11 @@ class Cycle:
         wait_seconds: float = 0.0,
         sleep: Callable[[float], None] = time.sleep,
         precheck: str = "auto",
+        bucket: Any = None,
     ) -> None:
+        """`bucket`: an `s3.Bucket` for results too large for a record (IDEMPOTENCY_LARGE_RESULTS_BUCKET), or None."""
         self.store = store
+        self.bucket = bucket
         self.precheck_mode = precheck  # IDEMPOTENCY_BATCH_PRECHECK: auto, always or never (config decided it)
         self.results: Results = results or ValueResults()
         self.ttl_seconds = ttl_seconds
@@ -253,9 +259,9 @@ class Cycle:
         results = results or self.results
         taken = self.take(inv, key, fingerprint)
         if isinstance(taken, codec.Encoded):
-            return Outcome(self.decode(key, taken, results), True)
+            return Outcome(self.decode(key, taken, results, _requests_by(inv.deadline)), True)
         if isinstance(taken, Found):
-            return self.replay(taken.record, results)
+            return self.replay(taken.record, results, _requests_by(inv.deadline))
         claimed = taken
         if earlier is not None:
             replayed = self._earlier(inv, key, claimed.owner, earlier, results)
@@ -560,8 +566,59 @@ class Cycle:
             "the client clock and the table disagree"
         )
 
-    def decode(self, key: str, result: codec.Encoded, results: Results | None = None) -> Any:
-        """A stored result, as the handler returned it; raises the layer's error for one it cannot hand back."""
+    def _spill(self, inv: Invocation, key: str, owner: str, result: codec.Oversized) -> codec.Encoded:
+        """`result` written to the large-results bucket, as the pointer to complete with; or TOO_LARGE when it could
+        not be written by the time a completion may start (the upload counts against the completion's time)."""
+        import orjson
+
+        from .s3 import S3Error
+
+        try:
+            pointer = inv.request(self.bucket.put, key, owner, result.packed, _requests_by(inv.deadline))
+        except S3Error as error:
+            logger.warning("result of key %r could not be written to the large-results bucket (%s); completed "
+                           "without it, replays will raise", key, error, extra=fields(key, "first_run"))
+            inv.count("LargeResultFailures")
+            inv.count("ResultsTooLarge")
+            return _SPILL_FAILED
+        inv.count("LargeResults")
+        text = orjson.dumps({"bucket": self.bucket.name, "key": pointer.object_key, "size": pointer.size,
+                             "sha256": pointer.sha256}).decode()
+        return codec.Encoded(codec.STORED + result.inner, text)
+
+    def _fetch(self, key: str, result: codec.Encoded, deadline: Deadline | None) -> codec.Encoded:
+        """The result a pointer stands for, read from the bucket and checked; the layer's error when it cannot be."""
+        import orjson
+
+        from .s3 import Pointer, S3Error
+
+        inner = result.format[len(codec.STORED):]
+        try:
+            found = orjson.loads(result.data or b"")
+            pointer = Pointer(str(found["key"]), int(found["size"]), str(found["sha256"]))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            raise IdempotencyPersistenceLayerError(f"the record of key {key!r} points to a stored result in a form "
+                                                   "this layer cannot read") from None
+        if self.bucket is None:
+            raise IdempotencyPersistenceLayerError(
+                f"key {key!r} already ran and its result is in the large-results bucket, but "
+                "IDEMPOTENCY_LARGE_RESULTS_BUCKET is not set here; the handler did not run", permanent=True)
+        try:
+            # The bucket the pointer names: the setting may have moved to another since it was written.
+            bucket = self.bucket.named(str(found.get("bucket") or self.bucket.name))
+            return codec.Encoded(inner, bucket.get(pointer, deadline))
+        except S3Error as error:
+            raise IdempotencyPersistenceLayerError(
+                f"the stored result of key {key!r} could not be read from the large-results bucket: {error}; the "
+                "handler did not run", permanent=error.code in ("Missing", "Different"),
+                uncertain=error.uncertain) from None
+
+    def decode(self, key: str, result: codec.Encoded, results: Results | None = None,
+               deadline: Deadline | None = None) -> Any:
+        """A stored result, as the handler returned it; raises the layer's error for one it cannot hand back.
+        `deadline`: by when a result in the large-results bucket must have been read."""
+        if result.format.startswith(codec.STORED):
+            result = self._fetch(key, result, deadline)
         if result.format == codec.DONE:
             raise IdempotencyKeyError(
                 f"key {key!r} was completed as a batch record, which keeps no result, so this event cannot be "
@@ -576,8 +633,8 @@ class Cycle:
         if result.format == codec.TOO_LARGE:
             raise IdempotencyResultTooLargeError(
                 f"key {key!r} already ran, but its result was too large to store "
-                f"(over {codec.ITEM_LIMIT - codec.RECORD_OVERHEAD} bytes compressed) or could not be encoded, "
-                "so it cannot be replayed"
+                f"(over {codec.ITEM_LIMIT - codec.RECORD_OVERHEAD} bytes compressed; or the large-results bucket "
+                "could not take it in time) or could not be encoded, so it cannot be replayed"
             )
         try:
             return (results or self.results).decode(result)
@@ -637,13 +694,13 @@ class Cycle:
             "for it (IDEMPOTENCY_WAIT_SECONDS)"
         )
 
-    def replay(self, record: Record, results: Results | None = None) -> Outcome:
+    def replay(self, record: Record, results: Results | None = None, deadline: Deadline | None = None) -> Outcome:
         """The completed `record`'s result, decoded (and kept in the local cache); raises the layer's error for a
         result it cannot hand back (too large, undeliverable, a batch record's)."""
         result = record.result
         if result is None:
             raise IdempotencyPersistenceLayerError(f"record {record.key!r} is completed but has no result format")
-        value = self.decode(record.key, result, results)
+        value = self.decode(record.key, result, results, deadline)
         if self.cache is not None:
             self.cache.put(record.key, record.expires_at, result, record.owner)
         return Outcome(value, True)
@@ -706,11 +763,12 @@ class Cycle:
             self.release(inv, key, owner)  # e.g. an HTTP 5xx: the work did not complete, so a retry must run again
             return value
         # From here on the handler has run: every failure of ours ends in a completion, never a bare claim.
-        delivered, result = self.encode(inv, key, value, results)
+        delivered, result = self.encode(inv, key, value, results, owner)
         self.complete(inv, key, owner, result)
         return delivered
 
-    def encode(self, inv: Invocation, key: str, value: Any, results: Results) -> tuple[Any, codec.Encoded]:
+    def encode(self, inv: Invocation, key: str, value: Any, results: Results,
+               owner: str | None = None) -> tuple[Any, codec.Encoded]:
         """What to hand back for the result `value` of a handler that ran, and what to complete `key` with: never
         raises, since the key must be completed whatever becomes of its result (one the runtime cannot send, or
         that cannot be stored, is completed without it, and copies are told why)."""
@@ -726,6 +784,10 @@ class Cycle:
             logger.error("result of key %r cannot be stored (%s); replays will raise", key, type(error).__name__,
                          extra=fields(key, "first_run"))
             delivered, result = value, codec.Encoded(codec.TOO_LARGE, None)
+        if isinstance(result, codec.Oversized) and self.bucket is not None and owner is not None:
+            result = self._spill(inv, key, owner, result)
+        if result is _SPILL_FAILED:  # said and counted where it failed
+            return delivered, codec.Encoded(codec.TOO_LARGE, None)
         if result.format == codec.TOO_LARGE:
             logger.warning("result of key %r is too large to store; replays will raise", key,
                            extra=fields(key, "first_run"))

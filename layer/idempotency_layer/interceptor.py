@@ -96,9 +96,15 @@ def build(config: _config.Config, user_handler: Any, *, transport: Any = None, s
             # Lambda gives init 10 s, and a table that does not answer in time is checked again before the first
             # claim, within that invocation's deadline.
             store.verify(Deadline.after(INIT_CHECK_S))
+        bucket = None
+        if config.large_results_bucket is not None:  # imported only then
+            from .s3 import from_environment
+
+            bucket = from_environment(config.large_results_bucket, config.large_results_prefix,
+                                      connect_timeout=config.connect_timeout, read_timeout=config.read_timeout)
         cycle = Cycle(store, config.ttl_seconds, config.local_cache_size, results=runtime_results(),
                       min_claim_ms=config.in_progress_seconds * 1000, wait_seconds=config.wait_seconds,
-                      precheck=config.batch_precheck)
+                      precheck=config.batch_precheck, bucket=bucket)
     earlier = None
     if config.powertools_handler is not None:  # a migration from Powertools' @idempotent: imported only then
         from .powertools import Reader

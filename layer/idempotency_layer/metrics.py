@@ -46,6 +46,8 @@ COUNTS = (
     "CompletionRetries",
     "CompletionFailures",
     "ResultsTooLarge",
+    "LargeResults",
+    "LargeResultFailures",
     "StoreErrors",
 )
 SOURCES = ("event", "batch", "http", "durable", "execution")
@@ -83,6 +85,7 @@ _WORDS = {
     "Waits": "wait(s)", "Releases": "released", "ReleaseFailures": "release failure(s)",
     "CompletionRetries": "completion retries",
     "CompletionFailures": "completion failure(s)", "ResultsTooLarge": "too large", "StoreErrors": "store error(s)",
+    "LargeResults": "result(s) in the bucket", "LargeResultFailures": "bucket write failure(s)",
     "WaitsReplayed": "wait(s) ended in a replay", "WaitsClaimed": "wait(s) ended in a claim",
     "WaitsTimedOut": "wait(s) timed out",
 }

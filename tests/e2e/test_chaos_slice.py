@@ -16,7 +16,7 @@ from tools.chaos import Settings, report_lines, soak
 
 # Every second environment's clock 0.5 s ahead: inside the claim's 1 s margin (docs/reliability.md, Clocks).
 SLICE = Settings(invocations=300, duplicates=0.3, fault_rate=0.12, kill_rate=0.05, environments=4, seed=10, timeout=4,
-                 skew_s=0.5, overrun=0.03)
+                 skew_s=0.5, overrun=0.03, large=0.1)
 
 
 def test_a_soak_slice_with_faults_and_kills_runs_every_key_once(dynamodb: Any, opt_dir: Path, primary: str,
@@ -39,6 +39,8 @@ def test_a_soak_slice_with_faults_and_kills_runs_every_key_once(dynamodb: Any, o
     assert zeros == dict.fromkeys(ZEROS, 0), report["histories"]
     assert figures["completed_records"] == figures["keys"]
     assert figures["slow_keys"] >= 3  # handlers that work seconds
+    # Results over a record went to the large-results bucket (moto's S3) and replayed byte for byte (divergent 0).
+    assert figures["large_keys"] >= 10 and figures["large_in_bucket"] == figures["large_keys"]
 
 
 ZEROS = ("doubles", "early", "divergent", "lost", "stuck", "unexpected", "stale")

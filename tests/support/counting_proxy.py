@@ -13,6 +13,9 @@ import threading
 from collections import Counter
 
 _TARGET = re.compile(rb"X-Amz-Target:[ \t]*DynamoDB_20120810\.(\w+)\r\n", re.IGNORECASE)
+# S3's object requests (in front of an S3-compatible server): counted as PutObject, GetObject, DeleteObject.
+_S3 = re.compile(rb"(?:^|\n)(PUT|GET|DELETE) /[^ \r\n]* HTTP/1\.1\r\n")
+_S3_NAMES = {"PUT": "PutObject", "GET": "GetObject", "DELETE": "DeleteObject"}
 _KEEP = 200  # bytes kept across reads so a header split between two reads is still seen once
 
 
@@ -22,6 +25,7 @@ class CountingProxy:
         self._lock = threading.Lock()
         self.requests: Counter[str] = Counter()
         self.bytes_sent = 0
+        self.bytes_received = 0  # what the server answered
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self.endpoint = f"http://127.0.0.1:{self.port}"
@@ -37,6 +41,7 @@ class CountingProxy:
         with self._lock:
             self.requests.clear()
             self.bytes_sent = 0
+            self.bytes_received = 0
 
     def snapshot(self) -> tuple[dict[str, int], int]:
         with self._lock:
@@ -86,10 +91,14 @@ class CountingProxy:
                     window = tail + data
                     # Count only matches that end in the new data, so none is counted twice.
                     found = [m.group(1).decode() for m in _TARGET.finditer(window) if m.end() > len(tail)]
+                    found += [_S3_NAMES[m.group(1).decode()] for m in _S3.finditer(window) if m.end() > len(tail)]
                     with self._lock:
                         self.requests.update(found)
                         self.bytes_sent += len(data)
                     tail = window[-_KEEP:]
+                else:
+                    with self._lock:
+                        self.bytes_received += len(data)
                 sink.sendall(data)
         except OSError:
             pass

@@ -196,3 +196,22 @@ def test_the_valkey_example_is_cfn_lint_clean_and_points_the_function_at_its_clu
     # Exactly the ACL tests/store/test_valkey_store.py runs the layer as.
     assert " ".join(user["AccessString"].split()[1:]).replace("~orders#*", "~orders#*") == (
         "~orders#* +evalsha +eval +info +cluster|slots +asking +exists +hmget +hgetall +hget +hset +hdel +del +expire")
+
+
+def test_the_large_results_example_has_the_lifecycle_rule_and_the_three_object_actions() -> None:
+    path = ROOT / "examples" / "large-results" / "template.yaml"
+    beside = Path(sys.executable).with_name("cfn-lint")
+    cfn_lint = str(beside) if beside.exists() else shutil.which("cfn-lint")
+    assert cfn_lint, "cfn-lint not installed"
+    proc = subprocess.run([cfn_lint, str(path)], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    large = cfn_yaml.load(str(path))
+    _, s3 = resource_of_type(large, "AWS::S3::Bucket")
+    (rule,) = s3["LifecycleConfiguration"]["Rules"]
+    assert (rule["Status"], rule["Prefix"], rule["ExpirationInDays"]) == ("Enabled", "idempotency-results/", 1)
+    _, fn = resource_of_type(large, "AWS::Serverless::Function", CodeUri="../orders_api/")
+    assert "IDEMPOTENCY_LARGE_RESULTS_PREFIX" not in fn["Environment"]["Variables"]  # the default: the rule's
+    statements = fn["Policies"][0]["Statement"]
+    objects = next(s for s in statements if s["Action"][0].startswith("s3:"))
+    assert objects["Action"] == ["s3:PutObject", "s3:GetObject", "s3:DeleteObject"]
+    assert objects["Resource"]["Fn::Sub"] == "${ResultsBucket.Arn}/idempotency-results/*"

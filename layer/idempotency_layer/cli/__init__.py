@@ -120,7 +120,9 @@ def _run(args: Any) -> int:
             if problem is not None:
                 return _fail(problem, 2)
             return _fail(f"the DynamoDB client could not be set up: {type(error).__name__}: {error}", 1)
-        return _show(args, store, keys, execution) if args.command == "show" else _purge(args, store, keys)
+        if args.command == "show":
+            return _show(args, store, keys, execution)
+        return _purge(args, store, keys, settings.bucket(config))
     except IdempotencyConfigurationError as error:
         return _fail(str(error), 2)
     except EventFileError as error:
@@ -182,7 +184,7 @@ def _show(args: Any, store: Any, keys: list[str], execution: str | None = None) 
     return 1 if missing else 0
 
 
-def _purge(args: Any, store: Any, keys: list[str]) -> int:
+def _purge(args: Any, store: Any, keys: list[str], bucket: Any = None) -> int:
     """Every key is tried, whatever became of the ones before it (an event's records: one may have none, one be
     live): each deleted one is said on stdout, each other on stderr; exit 1 unless every one was deleted."""
     from ..dynamodb import DynamoDBError
@@ -195,13 +197,14 @@ def _purge(args: Any, store: Any, keys: list[str]) -> int:
     refused: list[dict[str, str]] = []
     for key in keys:
         try:
-            deleted.append(purge(store, key, yes=args.yes, force=args.force))
+            deleted.append(purge(store, key, yes=args.yes, force=args.force, bucket=bucket))
         except Missing:
             missing.append(key)
         except (Refused, IdempotencyError, DynamoDBError) as error:
             refused.append({"key": key, "reason": str(error)})
     emit({"table": store.table, "deleted": deleted, "missing": missing, "refused": refused}, args.json,
-         lambda found: [f"deleted the record of key {d['key']} (it was {d['was']})" for d in found["deleted"]])
+         lambda found: [f"deleted the record of key {d['key']} (it was {d['was']})"
+                        + (f"; its result: {d['object']}" if d.get("object") else "") for d in found["deleted"]])
     for key in missing:
         _fail(f"no record for key {key!r} in {store.where}: nothing to delete", 1)
     for entry in refused:

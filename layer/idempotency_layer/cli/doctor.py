@@ -565,7 +565,7 @@ def run(args: Any, env: dict[str, str]) -> list[Check]:
     else:
         checks += _deployment_checks(config, configuration, mappings, session, timeout or 3)
     if config.store == "valkey":
-        return checks + _valkey_checks(config)
+        return checks + _valkey_checks(config) + _bucket_checks(config)
     try:
         transport = _settings.transport(config, env)
     except Exception as error:
@@ -577,7 +577,21 @@ def run(args: Any, env: dict[str, str]) -> list[Check]:
 
         store = DynamoDBStore(transport, config.table, config.attributes, config.partition_value)
         checks += permission_checks(store, config.key_prefix)
-    return checks
+    return checks + _bucket_checks(config)
+
+
+def _bucket_checks(config: Any) -> list[Check]:
+    """The large-results bucket, when IDEMPOTENCY_LARGE_RESULTS_BUCKET is set."""
+    if config.large_results_bucket is None:
+        return []
+    from .bucket_checks import bucket_checks
+
+    try:
+        bucket = _settings.bucket(config)
+    except Exception as error:
+        return [Check("large results bucket", FAIL, f"could not be set up: {type(error).__name__}: {error}",
+                      "check AWS_REGION and the credentials")]
+    return bucket_checks(bucket, Check)
 
 
 def _valkey_checks(config: Any) -> list[Check]:

@@ -155,7 +155,8 @@ def read(store: DynamoDBStore, key: str) -> Record:
     return record
 
 
-def purge(store: DynamoDBStore, key: str, *, yes: bool, force: bool, ask: Any = None) -> dict[str, Any]:
+def purge(store: DynamoDBStore, key: str, *, yes: bool, force: bool, ask: Any = None,
+          bucket: Any = None) -> dict[str, Any]:
     """Delete the record of `key`, unless it is a live claim (without `force`), the operator says no, or it
     changed since it was read: the delete is conditioned on the owner and status that were read."""
     now = time.time()
@@ -179,4 +180,22 @@ def purge(store: DynamoDBStore, key: str, *, yes: bool, force: bool, ask: Any = 
     if not store.purge(key, record.status, record.owner):
         raise Refused(f"key {key!r} changed since it was read (another invocation claimed or completed it); "
                       "nothing was deleted: run purge again to see it")
-    return {"key": key, "deleted": True, "was": found, "status": record.status, "owner": record.owner}
+    done = {"key": key, "deleted": True, "was": found, "status": record.status, "owner": record.owner}
+    result = record.result
+    if result is not None and result.format.startswith(codec.STORED):  # its result in the large-results bucket
+        import json
+
+        object_key = str(json.loads(result.data or "{}").get("key"))
+        if bucket is None:
+            done["object"] = (f"left in place: {object_key} (IDEMPOTENCY_LARGE_RESULTS_BUCKET is not set here; the "
+                              "bucket's lifecycle rule removes it)")
+        else:
+            from ..s3 import S3Error
+
+            try:
+                bucket.delete(object_key)
+                done["object"] = f"deleted s3://{bucket.name}/{object_key}"
+            except S3Error as error:  # the record is gone all the same: say which object stays
+                done["object"] = (f"left in place: s3://{bucket.name}/{object_key} ({error}); the bucket's "
+                                  "lifecycle rule removes it")
+    return done

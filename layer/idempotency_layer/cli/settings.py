@@ -117,6 +117,16 @@ def store(config: _config.Config, env: Mapping[str, str]) -> Any:
     return DynamoDBStore(transport(config, env), config.table, config.attributes, config.partition_value)
 
 
+def bucket(config: _config.Config) -> Any:
+    """The large-results bucket the function writes (IDEMPOTENCY_LARGE_RESULTS_BUCKET), or None."""
+    if config.large_results_bucket is None:
+        return None
+    from ..s3 import from_environment
+
+    return from_environment(config.large_results_bucket, config.large_results_prefix,
+                            connect_timeout=config.connect_timeout, read_timeout=config.read_timeout)
+
+
 def client_problem(error: BaseException, env: Mapping[str, str]) -> str | None:
     """The one-line fix for a DynamoDB client that could not be set up because of a setting (exit 2), or None."""
     if isinstance(error, ModuleNotFoundError):

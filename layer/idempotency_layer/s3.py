@@ -1,0 +1,213 @@
+"""Large results in S3 (IDEMPOTENCY_LARGE_RESULTS_BUCKET): one object per result, its key derived from the record
+key and the owner token, written before the completion; the completion stores where it is, its size and SHA-256.
+
+    put(key, owner, data)  -> PUT  <prefix><record key>/<owner>   (SSE-S3; S3 checks x-amz-content-sha256)
+    get(pointer)           -> GET, then size and SHA-256 checked: a missing or different object is an error
+    delete(pointer)        -> DELETE (purge)
+
+Requests are signed by the layer's own SigV4 (`dynamodb.sigv4.Signer`, service `s3`, as botocore's S3SigV4Auth
+signs them: tests/unit/test_s3.py) and sent with `http.client`, one connection per request: a large result is
+rare, and a kept-alive pool would cost every invocation its bookkeeping. The deadline rule is the DynamoDB
+client's (`Deadline.attempt_time`); a request that fails without an answer is retried once if the deadline allows
+(PUT and DELETE of one key are idempotent). Addressing: `https://<bucket>.s3.<region>.amazonaws.com/<key>`, or
+path style on AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL (a local S3).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections import namedtuple
+from urllib.parse import quote, urlsplit
+
+TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
+if TYPE_CHECKING:
+    from typing import Any, NamedTuple
+
+    from .deadline import Deadline
+
+    class _PointerFields(NamedTuple):
+        object_key: str
+        size: int
+        sha256: str  # hex
+else:
+    _PointerFields = namedtuple("Pointer", ("object_key", "size", "sha256"))
+
+
+class Pointer(_PointerFields):
+    """Where a result is, and what it must be."""
+    __slots__ = ()
+
+
+class S3Error(Exception):
+    """A request failed. `code`: S3's error code, `Missing`/`Different` for an object that is not the one written,
+    or None for no answer. `uncertain`: it may have been applied."""
+
+    def __init__(self, message: str, *, code: str | None = None, uncertain: bool = False) -> None:
+        super().__init__(message)
+        self.code = code
+        self.uncertain = uncertain
+
+
+_ATTEMPTS = 2
+
+
+class Bucket:
+    def __init__(self, name: str, prefix: str, *, region: str, credentials: tuple[str, str, str | None],
+                 connect_timeout: float, read_timeout: float, endpoint: str | None = None,
+                 cafile: str | None = None) -> None:
+        from .dynamodb.sigv4 import Signer
+
+        self.name = name
+        self.prefix = prefix
+        self.timeouts = (connect_timeout, read_timeout)
+        self.cafile = cafile
+        self._signer = Signer(*credentials, region, "s3")
+        if endpoint:
+            parts = urlsplit(endpoint)
+            self.scheme, self.host, self.base = parts.scheme, parts.netloc, f"/{quote(name)}"
+        else:
+            self.scheme, self.host, self.base = "https", f"{name}.s3.{region}.amazonaws.com", ""
+        self._context: Any = None
+
+    def named(self, name: str) -> Bucket:
+        """This bucket's client for another bucket (a pointer written before the setting changed)."""
+        if name == self.name:
+            return self
+        other = Bucket.__new__(Bucket)
+        other.__dict__.update(self.__dict__)
+        other.name = name
+        if self.base:
+            other.base = f"/{quote(name)}"
+        else:
+            other.host = self.host.replace(f"{self.name}.s3.", f"{name}.s3.", 1)
+        return other
+
+    def object_key(self, key: str, owner: str) -> str:
+        return f"{self.prefix}{key}/{owner}"
+
+    # -- the three requests -----------------------------------------------------------------------------
+
+    def put(self, key: str, owner: str, data: bytes, deadline: Deadline | None = None) -> Pointer:
+        object_key = self.object_key(key, owner)
+        digest = hashlib.sha256(data).hexdigest()
+        self._request("PUT", object_key, data, deadline, {"x-amz-server-side-encryption": "AES256"}, digest)
+        return Pointer(object_key, len(data), digest)
+
+    def get(self, pointer: Pointer, deadline: Deadline | None = None) -> bytes:
+        status, body = self._request("GET", pointer.object_key, b"", deadline)
+        if status == 404:
+            raise S3Error(f"the stored result s3://{self.name}/{pointer.object_key} is missing", code="Missing")
+        if len(body) != pointer.size or hashlib.sha256(body).hexdigest() != pointer.sha256:
+            raise S3Error(f"the stored result s3://{self.name}/{pointer.object_key} is not the one written "
+                          f"({len(body)} bytes, {pointer.size} expected, or another SHA-256)", code="Different")
+        return body
+
+    def delete(self, object_key: str, deadline: Deadline | None = None) -> None:
+        self._request("DELETE", object_key, b"", deadline)
+
+    # -- plumbing -------------------------------------------------------------------------------------------
+
+    def _connection(self, seconds: float) -> Any:
+        import http.client
+
+        if self.scheme == "http":
+            return http.client.HTTPConnection(self.host, timeout=min(self.timeouts[0], seconds))
+        if self._context is None:
+            from .dynamodb.trust import tls_context
+
+            self._context = tls_context(self.cafile)
+        return http.client.HTTPSConnection(self.host, timeout=min(self.timeouts[0], seconds), context=self._context)
+
+    def _request(self, method: str, object_key: str, body: bytes, deadline: Deadline | None,
+                 extra: dict[str, str] | None = None, digest: str | None = None) -> tuple[int, bytes]:
+        path = f"{self.base}/{quote(object_key, safe='/-_.~')}"
+        headers = {"Host": self.host, "x-amz-content-sha256": digest or hashlib.sha256(body).hexdigest(),
+                   **(extra or {})}
+        sent = False
+        for attempt in range(1, _ATTEMPTS + 1):
+            seconds = deadline.attempt_time() if deadline is not None else sum(self.timeouts)
+            if seconds is None:
+                raise S3Error(f"S3 {method} s3://{self.name}/{object_key} was not sent: the deadline passed",
+                              uncertain=sent)
+            conn = self._connection(seconds)
+            # The whole exchange ends by the attempt's time: a server that answers a few bytes at a time never
+            # trips a socket timeout, which bounds each read, so a timer closes the socket then.
+            fired: list[bool] = []  # the timer ran: whatever was read after it is not an answer
+            watchdog = threading.Timer(seconds, _shut, (conn, fired))
+            watchdog.daemon = True
+            try:
+                conn.connect()
+                watchdog.start()
+                if conn.sock is not None:
+                    conn.sock.settimeout(min(self.timeouts[1], seconds))
+                signed = self._signer.sign(headers, body, method=method, path=path)
+                sent = True
+                conn.request(method, path, body=body or None, headers=signed)
+                response = conn.getresponse()
+                answer = response.read()
+                if fired:  # cut at the attempt's end (http.client may take the cut for the end of the headers)
+                    raise TimeoutError("the answer did not arrive within the attempt's time")
+            except OSError as error:  # refused, reset, timed out, TLS; http.client's errors are OSErrors too
+                if attempt < _ATTEMPTS and (deadline is None or deadline.allows(0.05)):
+                    continue
+                raise S3Error(f"S3 {method} s3://{self.name}/{object_key} failed: {type(error).__name__}",
+                              uncertain=sent) from None
+            except Exception as error:  # http.client.HTTPException: a broken answer
+                raise S3Error(f"S3 {method} s3://{self.name}/{object_key} failed: {type(error).__name__}",
+                              uncertain=sent) from None
+            finally:
+                watchdog.cancel()
+                conn.close()
+            status = response.status
+            if status < 300 or (status == 404 and method in ("GET", "DELETE")):
+                return status, answer
+            code = _code(answer)
+            if status >= 500 and attempt < _ATTEMPTS and (deadline is None or deadline.allows(0.05)):
+                continue
+            raise S3Error(f"S3 {method} s3://{self.name}/{object_key} failed: HTTP {status} {code}", code=code,
+                          uncertain=status >= 500)
+        raise AssertionError("unreachable")
+
+
+def _shut(conn: Any, fired: list[bool]) -> None:
+    """End a connection's exchange now: its reads and writes fail at once."""
+    import contextlib
+    import socket
+
+    fired.append(True)
+    sock = conn.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def _code(answer: bytes) -> str:
+    """S3's error code from its XML answer, or "?"."""
+    start = answer.find(b"<Code>")
+    end = answer.find(b"</Code>", start)
+    if start < 0 or end < 0:
+        return "?"
+    return answer[start + 6:end][:64].decode("ascii", "replace")
+
+
+def from_environment(name: str, prefix: str, *, connect_timeout: float, read_timeout: float) -> Bucket:
+    """The bucket as the function's environment reaches it: AWS_REGION, the credentials Lambda sets, and
+    AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL for a local S3; the CA bundle the DynamoDB client trusts."""
+    from .dynamodb.environment import ca_bundle
+
+    access, secret = os.environ.get("AWS_ACCESS_KEY_ID", ""), os.environ.get("AWS_SECRET_ACCESS_KEY", "")
+    token = os.environ.get("AWS_SESSION_TOKEN") or None
+    if not (access and secret):  # not Lambda's environment (the CLI): botocore's chain, a profile included
+        import botocore.session
+
+        found = botocore.session.get_session().get_credentials()
+        if found is not None:
+            frozen = found.get_frozen_credentials()
+            access, secret, token = frozen.access_key, frozen.secret_key, frozen.token
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or ""
+    return Bucket(name, prefix, region=region, credentials=(access, secret, token),
+                  connect_timeout=connect_timeout, read_timeout=read_timeout, endpoint=endpoint,
+                  cafile=ca_bundle(os.environ) if not (endpoint or "").startswith("http:") else None)
