@@ -103,7 +103,7 @@ def test_the_search_finds_a_claim_without_the_margin(monkeypatch: pytest.MonkeyP
 
 
 def test_the_search_finds_a_replay_of_something_else(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cycle.Cycle, "decode", lambda self, key, result, results=None: "stale")
+    monkeypatch.setattr(cycle.Cycle, "decode", lambda self, key, result, results=None, deadline=None: "stale")
     with pytest.raises(Violation, match="replayed 'stale'"):
         explore(Bounds(invocations=2, faults=0, crashes=0, advances=0))
 
