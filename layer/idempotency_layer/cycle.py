@@ -449,6 +449,8 @@ class Cycle:
         backoff while more than `COMPLETE_MARGIN_MS` would be left: an uncompleted claim lets the next copy after
         the invocation's deadline run the handler again. Retrying is safe: the write is conditioned on our owner
         token, so a retry of a write that landed lands again."""
+        if isinstance(result, codec.Oversized):  # what it carried is not kept (nor held in the local cache)
+            result = codec.Encoded(codec.TOO_LARGE, None)
         expires_at = int(self.clock()) + self.ttl_seconds
         deadline = inv.deadline
         last = _requests_by(deadline)

@@ -229,3 +229,15 @@ def test_the_precheck_reads_done_records_once_and_gives_up_for_good_on_a_denial(
     denied = Cycle(DynamoDBStore(Denied(world.db), "t", Attributes()), ttl_seconds=60, precheck="always")
     assert denied.precheck(Invocation(LONG), {"fn#a": None, "fn#b": None}, redelivered=True) == {}
     assert denied.environment.precheck_denied
+
+
+
+def test_a_result_too_large_is_cached_and_stored_without_what_it_carried() -> None:
+    """codec.Oversized carries the packed result for the large-results bucket; with no bucket, neither the record
+    nor the local cache keeps those bytes."""
+    world = World()
+    cycle = Cycle(world.store, ttl_seconds=3600, cache_size=4)
+    cycle.run(Invocation(60_000), "fn#big", lambda: os.urandom(600 * 1024))
+    (entry,) = cycle.cache._entries.values()
+    assert not isinstance(entry[1], codec.Oversized) and entry[1] == codec.Encoded(codec.TOO_LARGE, None)
+    assert world.store.get("fn#big").result == codec.Encoded(codec.TOO_LARGE, None)
