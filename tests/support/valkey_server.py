@@ -108,6 +108,13 @@ class Cluster:
         return self.nodes[0].url  # any node serves as the seed: MOVED answers name the others
 
     def start(self) -> Cluster:
+        try:
+            return self._start()
+        except BaseException:  # nodes already started must not outlive a cluster that never formed
+            self.close()
+            raise
+
+    def _start(self) -> Cluster:
         for node in self.nodes:
             node.start()
         for node, (first, last) in zip(self.nodes, self.SLOTS, strict=True):
