@@ -21,6 +21,8 @@ CREDENTIALS = {
     "AWS_REGION": "us-east-1",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
+# A session token as long as Lambda's (about 1,100 characters): the "+token" systems sign and send it.
+SESSION_TOKEN = "IQoJb3JpZ2luX2VjE" + "".join(f"{n * 2654435761 % 4294967296:08x}" for n in range(135))
 _ITEMS = [{"sku": "BOOK-42", "quantity": 1}, {"sku": "MUG-7", "quantity": 2}]
 SQS_BATCH = 10  # records per batch on the batch rows, SQS and Kafka (Lambda's default batch size for SQS)
 KAFKA_PARTITIONS = 2  # a Kafka row's batch holds SQS_BATCH records spread over this many partitions
@@ -66,6 +68,11 @@ SYSTEMS: dict[str, tuple[str, dict[str, Any]]] = {
     "layer-kafka": ("layer", {"transport": "lean", "cache": 0, "batch": "kafka"}),
     "layer-kafka-always": ("layer", {"transport": "lean", "cache": 0, "batch": "kafka", "precheck": "always"}),
     "powertools-kafka": ("powertools", {"cache": False, "batch": "kafka"}),
+    # The floor rows (bench/floor.py): the layer with a session token, and plain http.client sending the layer's
+    # own requests, without and with one.
+    "layer+token": ("layer", {"transport": "lean", "cache": 0, "token": True}),
+    "floor": ("floor", {"cache": 0}),
+    "floor+token": ("floor", {"cache": 0, "token": True}),
     # The layer with IDEMPOTENCY_METRICS=emf (an EMF document per invocation), for the cost of metrics (run.py).
     "layer+emf": ("layer", {"transport": "lean", "cache": 0, "metrics": "emf"}),
 }

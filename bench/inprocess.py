@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from common import BENCH, SYSTEMS, base_env, python
+from common import BENCH, base_env, python
 
 from tests.support.counting_proxy import CountingProxy
 
@@ -73,11 +73,14 @@ class Samples:
 
 
 class Worker:
-    def __init__(self, system: str, table: str, endpoint: str, log: IO[bytes]) -> None:
+    def __init__(self, system: str, table: str, endpoint: str, log: IO[bytes],
+                 env: dict[str, str] | None = None) -> None:
+        """`env`: what to change in the worker's environment (bench/floor.py's A/B: another PYTHONPATH)."""
         self.system = system
         self.process = subprocess.Popen(
             [python(), str(BENCH / "worker.py"), system, table],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=base_env(endpoint), text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env={**base_env(endpoint), **(env or {})},
+            text=True,
         )
         ready = self._read()
         if ready.get("ready") != system:
@@ -121,7 +124,8 @@ def measure(
     warmup = -(-warmup // batch) * batch  # whole batches, so no batch's request counts mix both
     results: dict[str, dict[str, Samples]] = {p.name: {s: Samples() for s in p.systems} for p in PATHS}
     with open(log_path, "ab") as log:
-        workers = {s: Worker(s, tables[s], proxy.endpoint, log) for s in SYSTEMS}
+        used = dict.fromkeys(s for p in PATHS for s in p.systems)
+        workers = {s: Worker(s, tables[s], proxy.endpoint, log) for s in used}
         try:
             # DynamoDB Local is a JVM: let its JIT settle on these requests before anything is measured.
             for warm in (Path_("warm", "warm"), Path_("warm", "warm", prime=True)):
@@ -155,3 +159,31 @@ def measure(
             for worker in workers.values():
                 worker.close()
     return results
+
+
+def interleave(endpoint: str, tables: dict[str, str], paths: tuple[Path_, ...], iterations: int, warmup: int,
+                log_path: Path, progress: Any, env: dict[str, dict[str, str]] | None = None,
+                batch: int = 10) -> dict[str, dict[str, Samples]]:
+    """path -> system -> samples: each batch of `batch` events to every system in turn, the order rotated."""
+    systems = tuple(dict.fromkeys(s for p in paths for s in p.systems))
+    samples = {p.name: {s: Samples() for s in p.systems} for p in paths}
+    warmup = -(-warmup // batch) * batch
+    with open(log_path, "ab") as log:
+        workers = {s: Worker(s, tables[s], endpoint, log, (env or {}).get(s)) for s in systems}
+        try:
+            for path in paths:
+                progress(f"  {path.name}: {', '.join(path.systems)}")
+                total = warmup + iterations
+                for number, start in enumerate(range(0, total, batch)):
+                    turn = number % len(path.systems)
+                    for system in path.systems[turn:] + path.systems[:turn]:
+                        answer = workers[system].run(path, start, min(batch, total - start))
+                        if start >= warmup:
+                            row = samples[path.name][system]
+                            row.cpu_ns += answer["cpu"]
+                            row.runs += answer["runs"]
+                            row.wrong += answer["wrong"]
+        finally:
+            for worker in workers.values():
+                worker.close()
+    return samples

@@ -1,10 +1,14 @@
-"""Where the layer's hot path spends its CPU: cProfile, timed by `time.process_time`, in a worker process.
+"""Where the layer's hot path spends its CPU, in a worker process, three ways.
 
-    run.py --profile    (or: python bench/profile_hot.py TABLE  with the worker's environment)
+    run.py              (or: python bench/profile_hot.py TABLE  with the worker's environment)
 
-Profiles the lean transport's first executions and replays (small result), after a warm-up, and reports the
-functions with the most own time, per invocation. cProfile's own overhead inflates every figure; the ranking is
-what to read.
+1. In place (`IN_PLACE`): the parts that run (the HTTP round trip, http.client's header parser, SigV4, the wire
+   protocol, key derivation, the codec) each wrapped in a CPU timer while real first executions and replays run;
+   the rest is the cycle/store glue. These are the figures docs/performance.md quotes.
+2. cProfile of first executions and replays (small and 100 KB results): the functions with the most own time.
+   Its overhead inflates every figure; the ranking is what to read.
+3. Parts timed alone, warm (`_components`): a lower bound, as the caches are hot (2-3x below in place for the
+   request-sized parts).
 """
 
 from __future__ import annotations
@@ -25,19 +29,66 @@ from common import BENCH, Context, base_env, event, python
 
 INVOCATIONS = 200
 TOP = 12
-# Where the time goes, by the cumulative time of these functions: (label, file suffix, function name).
-BUCKETS = (
-    ("HTTP round trip (urllib3 urlopen, CPU only)", "urllib3/connectionpool.py", "urlopen"),
-    ("  of which response headers (http.client parse_headers)", "http/client.py", "parse_headers"),
-    ("SigV4 signing (add_auth)", "botocore/auth.py", "add_auth"),
-    ("AWSRequest construction", "botocore/awsrequest.py", "__init__"),
-    ("request body (orjson.dumps)", "~", "<orjson.dumps>"),
-    ("response body (orjson.loads)", "~", "<orjson.loads>"),
-    ("result encoding (codec.encode)", "idempotency_layer/codec.py", "encode"),
-    ("result decoding (codec.decode)", "idempotency_layer/codec.py", "decode"),
-    ("key derivation (KeyDeriver.key)", "idempotency_layer/keys.py", "key"),
-    ("the handler itself", "bench_handler.py", "handler"),
+# Where the time goes, timed in place: (label, module, owner in it or "", attribute, top level). Each is wrapped
+# in a timer of CPU time (`time.process_time_ns`) for the run, so it is measured where it runs: right after a
+# real round trip, with whatever that left in the caches. "of which" parts run inside the one above them. The
+# cycle/store glue is the whole invocation less the top-level parts: the interceptor, plan, cycle, store, record
+# parsing, the handler call.
+IN_PLACE = (
+    ("HTTP round trip (connection.Pool.send, CPU only)", "idempotency_layer.dynamodb.connection", "Pool", "send",
+     True),
+    ("  of which response headers (http.client.parse_headers)", "http.client", "", "parse_headers", False),
+    ("SigV4 signing (sigv4.Signer.sign)", "idempotency_layer.dynamodb.sigv4", "Signer", "sign", True),
+    ("request body (wire.encode_body)", "idempotency_layer.dynamodb.wire", "", "encode_body", True),
+    ("answer parsing (wire.answer_error)", "idempotency_layer.dynamodb.wire", "", "answer_error", True),
+    ("answer parsing (wire.decode_answer)", "idempotency_layer.dynamodb.wire", "", "decode_answer", True),
+    ("key derivation (keys.KeyDeriver.key)", "idempotency_layer.keys", "KeyDeriver", "key", True),
+    ("result encoding (codec.encode)", "idempotency_layer.codec", "", "encode", True),
+    ("result decoding (codec.decode)", "idempotency_layer.codec", "", "decode", True),
 )
+GLUE = "cycle/store glue (the rest: interceptor, plan, cycle, store, records, the handler)"
+
+
+def _wrap(totals: dict[str, int], label: str, function: Any) -> Any:
+    clock = time.process_time_ns
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = clock()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            totals[label] += clock() - start
+
+    return timed
+
+
+def _in_place(handler: Any, events: list[Any], context: Any) -> list[dict[str, Any]]:
+    """Per invocation, in microseconds of CPU: the whole call and each part of IN_PLACE, timed where it runs."""
+    import importlib
+
+    totals = dict.fromkeys([label for label, *_ in IN_PLACE], 0)
+    undo = []
+    for label, module_name, owner_name, attribute, _ in IN_PLACE:
+        module = importlib.import_module(module_name)
+        owner = getattr(module, owner_name) if owner_name else module
+        original = owner.__dict__[attribute] if owner_name else getattr(module, attribute)
+        setattr(owner, attribute, _wrap(totals, label, original))
+        undo.append((owner, attribute, original))
+    whole = 0
+    try:
+        for ev in events:
+            start = time.process_time_ns()
+            handler(ev, context)
+            whole += time.process_time_ns() - start
+    finally:
+        for owner, attribute, original in undo:
+            setattr(owner, attribute, original)
+    n = len(events)
+    rows = [{"part": "whole invocation (with these timers)", "us": whole / n / 1000}]
+    rows += [{"part": label, "us": totals[label] / n / 1000} for label, *_ in IN_PLACE]
+    top = sum(totals[label] for label, *_, top_level in IN_PLACE if top_level)
+    rows.append({"part": GLUE, "us": (whole - top) / n / 1000})
+    return rows
 
 
 def _name(key: tuple[str, int, str]) -> str:
@@ -49,19 +100,6 @@ def _name(key: tuple[str, int, str]) -> str:
     return f"{function} ({filename}:{line})" if line else function
 
 
-def _buckets(stats: pstats.Stats, invocations: int) -> list[dict[str, Any]]:
-    found = []
-    table = stats.stats  # type: ignore[attr-defined]
-    total = max(cumulative for (_, _, function), (_, _, _, cumulative, _) in table.items()
-                if function == "handler") * 1000 / invocations
-    found.append({"part": "whole invocation (interceptor handler, profiled)", "ms": total})
-    for label, suffix, name in BUCKETS:
-        ms = sum(cumulative for (filename, _, function), (_, _, _, cumulative, _) in table.items()
-                 if function == name and filename.endswith(suffix)) * 1000 / invocations
-        found.append({"part": label, "ms": ms})
-    return found
-
-
 def _top(profiler: cProfile.Profile, invocations: int) -> dict[str, Any]:
     stats = pstats.Stats(profiler)
     rows = []
@@ -69,7 +107,7 @@ def _top(profiler: cProfile.Profile, invocations: int) -> dict[str, Any]:
         rows.append({"function": _name(key), "calls": calls // invocations if calls >= invocations else calls,
                      "own_ms": own * 1000 / invocations, "cum_ms": cumulative * 1000 / invocations})
     rows.sort(key=lambda r: -r["own_ms"])
-    return {"buckets": _buckets(stats, invocations), "top": rows[:TOP]}
+    return {"top": rows[:TOP]}
 
 
 def _per_call_ms(function: Any, n: int) -> float:
@@ -94,6 +132,7 @@ def _components(table: str) -> list[dict[str, Any]]:
 
     config = interceptor.CONFIG
     keys = KeyDeriver(config.key_prefix, config.key_jmespath, config.payload_jmespath)  # as build() makes it
+    keyed = event("parts", 1)  # built outside the timed call
     small = bench_handler.handler(event("parts", 0), None)
     large = bench_handler.handler(event("parts", 0, "100k"), None)
     small_encoded, large_encoded = codec.encode(small), codec.encode(large)
@@ -137,11 +176,13 @@ def _components(table: str) -> list[dict[str, Any]]:
         decider.delay("PutItem", 1, status=failed.status, code=code, headers=failed.headers)
 
     def whole(kind: str) -> Any:
-        counter = iter(range(10**9))
-        if kind == "first":
-            return lambda: interceptor.handler(event("parts-first", next(counter)), Context())
-        interceptor.handler(event("parts-replay", 0), Context())
-        return lambda: interceptor.handler(event("parts-replay", 0), Context())
+        context = Context()
+        if kind == "first":  # the events built before the timed calls: _per_call_ms takes 5 x 200
+            events = iter([event("parts-first", i) for i in range(5 * 200)])
+            return lambda: interceptor.handler(next(events), context)
+        replayed = event("parts-replay", 0)
+        interceptor.handler(replayed, context)
+        return lambda: interceptor.handler(replayed, context)
 
     parts = [
         ("whole first execution, back to back (not in lockstep)", whole("first"), 200),
@@ -150,7 +191,7 @@ def _components(table: str) -> list[dict[str, Any]]:
         ("transport.call, conditional PutItem that fails with ALL_OLD (a replay's claim)", failed_claim, 300),
         ("  of which error parsing + retry decision (wire.parse_error, retry.Retry)",
          retry_decision, 2000),
-        ("key derivation (KeyDeriver.key)", lambda: keys.key(event("parts", 1)), 2000),
+        ("key derivation (KeyDeriver.key)", lambda: keys.key(keyed), 2000),
         ("owner token (os.urandom(16).hex())", lambda: os.urandom(16).hex(), 5000),
         ("codec.encode, small result", lambda: codec.encode(small), 5000),
         ("codec.encode, 100 KB result (orjson + zlib level 1)", lambda: codec.encode(large), 50),
@@ -174,6 +215,9 @@ def _child(table: str) -> None:
         handler(event("prof-warm", i), context)
         handler(event("prof-warm", i), context)
     out = {}
+    in_place = {}
+    for name, namespace in (("first execution", "place"), ("replay", "place")):
+        in_place[name] = _in_place(handler, [event(namespace, i) for i in range(INVOCATIONS)], context)
     for name, namespace, size in (("first execution", "prof", "small"), ("replay", "prof", "small"),
                                   ("first execution, 100 KB result", "prof100k", "100k"),
                                   ("replay, 100 KB result", "prof100k", "100k")):
@@ -184,7 +228,7 @@ def _child(table: str) -> None:
             handler(ev, context)
         profiler.disable()
         out[name] = _top(profiler, INVOCATIONS)
-    print(json.dumps({"cprofile": out, "components": _components(table)}), flush=True)
+    print(json.dumps({"in_place": in_place, "cprofile": out, "components": _components(table)}), flush=True)
 
 
 def profile(endpoint: str, tables: dict[str, str], tmp: Path) -> dict[str, Any]:

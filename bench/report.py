@@ -245,6 +245,16 @@ def _ratio_cell(value: float) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:.2f}x"
 
 
+def render_in_place(profile: dict[str, Any], markdown: bool = False) -> str:
+    """bench/profile_hot.py's parts timed in place: a row a part, a column a path."""
+    found = profile["in_place"]
+    names = list(found)
+    rows = [[row["part"], *(_fmt(found[name][i]["us"], 1) for name in names)]
+            for i, row in enumerate(found[names[0]])]
+    return ("\nWhere the layer's CPU goes, timed in place (CPU us per invocation, each part wrapped in a timer while "
+            "real invocations run; bench/profile_hot.py)\n" + _table(["part", *names], rows, markdown))
+
+
 def render(summary: dict[str, Any], markdown: bool = False, cprofile: bool = True) -> str:
     meta = summary["meta"]
     parts = []
@@ -373,14 +383,13 @@ def render(summary: dict[str, Any], markdown: bool = False, cprofile: bool = Tru
 
     profile = summary.get("profile")
     if profile:
-        parts.append("\nThe layer's hot-path parts timed alone, no profiler (CPU ms per call, best of 5 means)")
+        parts.append(render_in_place(profile, markdown))
+        parts.append("\nThe layer's hot-path parts timed alone, warm, no profiler (CPU ms per call, best of 5 means)")
         parts.append(_table(["part", "CPU ms"], [[c["part"], _fmt(c["ms"], 4)] for c in profile["components"]],
                             markdown))
         for name, found in (profile["cprofile"] if cprofile else {}).items():
             parts.append(f"\ncProfile (timer time.process_time) of the layer's {name}, lean transport, per "
                          "invocation (profiler overhead included)")
-            parts.append(_table(["part", "cumulative ms"], [[b["part"], _fmt(b["ms"], 3)] for b in found["buckets"]],
-                                markdown))
             parts.append(_table(["function, by own time", "calls", "own ms", "cumulative ms"],
                                 [[t["function"], str(t["calls"]), _fmt(t["own_ms"], 4), _fmt(t["cum_ms"], 4)]
                                  for t in found["top"]], markdown))

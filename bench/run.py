@@ -38,7 +38,8 @@ from tests.support.counting_proxy import CountingProxy
 from tests.support.dynamodb_local import DynamoDBLocal, create_table
 
 
-def _tables(endpoint: str) -> dict[str, str]:
+def _tables(endpoint: str, extra: tuple[str, ...] = ()) -> dict[str, str]:
+    """A table per system of SYSTEMS (and per name in `extra`: floor.ab's "layer@base"), and the init's."""
     import boto3
 
     client = boto3.client(
@@ -46,8 +47,8 @@ def _tables(endpoint: str) -> dict[str, str]:
         aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"], aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
     )
     tables: dict[str, str] = {}
-    for system, (kind, _) in SYSTEMS.items():
-        name = "bench-" + system.replace("+", "-")
+    for system, (kind, _) in [*SYSTEMS.items(), *((name, ("layer", {})) for name in extra)]:
+        name = "bench-" + system.replace("+", "-").replace("@", "-")
         if kind != "bare":  # each library's own record layout and TTL attribute, one table per worker
             create_table(client, name, ttl_attr="expiration" if kind == "powertools" else "expires_at")
         tables[system] = name
@@ -66,30 +67,14 @@ def _metrics_cost(proxy: CountingProxy, tables: dict[str, str], iterations: int,
     """The layer's CPU per invocation with IDEMPOTENCY_METRICS=emf (one EMF document written per invocation, to
     the worker's stdout, a file) and without, on first runs and replays: the two workers interleaved in batches
     of 10, the order alternating, as bench/inprocess.py interleaves its systems. Medians, and their ratio."""
-    from inprocess import Path_, Samples, Worker
+    from inprocess import Path_, interleave
     from stats import median_ms
 
     paths = (Path_("first", "metrics", systems=METRICS_SYSTEMS), Path_("replay", "metrics", systems=METRICS_SYSTEMS))
-    samples = {p.name: {s: Samples() for s in METRICS_SYSTEMS} for p in paths}
     batch = 10
+    samples = interleave(proxy.endpoint, tables, paths, iterations, warmup, log_path,
+                         lambda m: progress(f"  metrics cost,{m[1:]}"), batch=batch)
     warmup = -(-warmup // batch) * batch
-    with open(log_path, "ab") as log:
-        workers = {s: Worker(s, tables[s], proxy.endpoint, log) for s in METRICS_SYSTEMS}
-        try:
-            for path in paths:
-                progress(f"  metrics cost, {path.name}: {', '.join(METRICS_SYSTEMS)}")
-                total = warmup + iterations
-                for number, start in enumerate(range(0, total, batch)):
-                    order = METRICS_SYSTEMS if number % 2 == 0 else METRICS_SYSTEMS[::-1]
-                    for system in order:
-                        answer = workers[system].run(path, start, min(batch, total - start))
-                        if start >= warmup:
-                            samples[path.name][system].cpu_ns += answer["cpu"]
-                            samples[path.name][system].runs += answer["runs"]
-                            samples[path.name][system].wrong += answer["wrong"]
-        finally:
-            for worker in workers.values():
-                worker.close()
     # The emf worker's documents went to the log (its stdout): one an invocation, or the figure means nothing.
     with open(log_path, errors="replace") as log:
         written = sum('"_aws"' in line for line in log)
@@ -131,6 +116,52 @@ def _only_metrics_cost(iterations: int, warmup: int) -> int:
     return 0
 
 
+def _dynamodb(work: Any, extra: tuple[str, ...] = ()) -> Any:
+    """`work(endpoint, tables, log)` against a fresh DynamoDB Local behind the counting proxy."""
+    with tempfile.TemporaryDirectory(prefix="idempotency-bench-") as tmp:
+        ddb = DynamoDBLocal(Path(tmp) / "dynamodb.log").start()
+        proxy = CountingProxy("127.0.0.1", ddb.port)
+        log = Path(tmp) / "bench.log"
+        try:
+            return work(proxy.endpoint, _tables(ddb.endpoint, extra), log)
+        except Exception:
+            if log.exists():
+                print(log.read_text(errors="replace")[-5000:], file=sys.stderr)
+            raise
+        finally:
+            proxy.close()
+            ddb.stop()
+
+
+def _only_floor(iterations: int, warmup: int) -> int:
+    import floor
+
+    rows = _dynamodb(lambda endpoint, tables, log: floor.measure(
+        endpoint, tables, iterations, warmup, log, lambda m: print(m, file=sys.stderr)))
+    print(json.dumps(rows, indent=1), file=sys.stderr)
+    print(floor.render(rows))
+    return 0
+
+
+def _only_profile() -> int:
+    import profile_hot
+
+    found = _dynamodb(lambda endpoint, tables, log: profile_hot.profile(endpoint, tables, log.parent))
+    print(report.render_in_place(found))
+    return 0
+
+
+def _ab(revision: str, iterations: int, warmup: int) -> int:
+    import floor
+
+    rows = _dynamodb(lambda endpoint, tables, log: floor.ab(
+        endpoint, tables, revision, iterations, warmup, log, lambda m: print(m, file=sys.stderr)),
+        extra=("layer@base", "layer+token@base"))
+    print(json.dumps(rows, indent=1), file=sys.stderr)
+    print(floor.render_ab(revision, rows))
+    return 0
+
+
 def _only_valkey(iterations: int, warmup: int, init_samples: int) -> int:
     import valkey_bench
 
@@ -150,6 +181,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-profile", action="store_true", help="skip profiling the layer's hot path")
     parser.add_argument("--only-metrics-cost", action="store_true",
                         help="measure only what IDEMPOTENCY_METRICS=emf costs per invocation, print it, write nothing")
+    parser.add_argument("--no-floor", action="store_true", help="skip the floor's rows (plain http.client)")
+    parser.add_argument("--only-floor", action="store_true", help="run only the floor's rows, print them, write "
+                        "nothing")
+    parser.add_argument("--only-profile", action="store_true", help="run only the profile of the layer's hot path "
+                        "and print where its CPU goes, timed in place; write nothing")
+    parser.add_argument("--ab", metavar="REV", help="run only an A/B of the layer's CPU per invocation: this tree "
+                        "against git revision REV, interleaved (default 1000 invocations per path); write nothing")
     parser.add_argument("--no-valkey", action="store_true", help="skip the Valkey store's rows")
     parser.add_argument("--only-valkey", action="store_true", help="run only the Valkey store's rows")
     parser.add_argument("--no-large", action="store_true", help="skip the large results' rows")
@@ -164,6 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     warmup = 10 if args.quick else 30
     init_samples = 3 if args.quick else 16
     e2e_iterations = 20 if args.quick else 150
+    if args.ab:
+        return _ab(args.ab, args.iterations or 1000, warmup)
+    if args.only_profile:
+        return _only_profile()
+    if args.only_floor:
+        return _only_floor(iterations, warmup)
     if args.only_metrics_cost:
         return _only_metrics_cost(iterations, warmup)
     if args.only_valkey:
@@ -193,6 +237,12 @@ def main(argv: list[str] | None = None) -> int:
             print("==> what metrics cost", file=sys.stderr)
             results["metrics_cost"] = _metrics_cost(proxy, tables, iterations, warmup, log,
                                                     lambda m: print(m, file=sys.stderr))
+            if not args.no_floor:
+                import floor
+
+                print("==> the floor: plain http.client sending the layer's own requests", file=sys.stderr)
+                results["floor"] = floor.measure(proxy.endpoint, tables, iterations, warmup, log,
+                                                 lambda m: print(m, file=sys.stderr))
             if not args.no_init:
                 import initbench
 
@@ -236,6 +286,11 @@ def main(argv: list[str] | None = None) -> int:
     summary["metrics_cost"] = results["metrics_cost"]
     print(report.render(summary))
     print(_render_metrics_cost(results["metrics_cost"]))
+    if "floor" in results:
+        import floor
+
+        summary["floor"] = results["floor"]
+        print(floor.render(results["floor"]))
     if "valkey" in results:
         import valkey_bench
 

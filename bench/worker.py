@@ -28,6 +28,7 @@ from common import (
     KEY_JMESPATH,
     KEY_PREFIX,
     ROOT,
+    SESSION_TOKEN,
     SQS_BATCH,
     SYSTEMS,
     TTL_SECONDS,
@@ -52,9 +53,15 @@ def build(system: str, table: str) -> Any:
         return interceptor.handler
     if system == "powertools-cache":
         return make_powertools_cache(table, bench_handler.handler)
-    kind, settings = SYSTEMS[system]
+    kind, settings = SYSTEMS[system.partition("@")[0]]  # "layer@base": the layer of another revision (floor.ab)
+    if settings.get("token"):
+        os.environ["AWS_SESSION_TOKEN"] = SESSION_TOKEN
     if kind == "bare":
         return bench_handler.handler
+    if kind == "floor":
+        from floor import Floor
+
+        return Floor(layer_env(table, os.environ["AWS_ENDPOINT_URL_DYNAMODB"]), bench_handler.handler)
     if kind == "layer":
         endpoint = os.environ["AWS_ENDPOINT_URL_DYNAMODB"]
         os.environ.update(layer_env(table, endpoint, settings["transport"], settings["cache"],
@@ -88,8 +95,11 @@ def run(handler: Any, command: dict[str, Any]) -> dict[str, Any]:
     cpus: list[int] = []
     runs_before = bench_handler.RUNS
     wrong = 0
+    prepare = getattr(handler, "prepare", None)  # the floor's work that is not the floor's (bench/floor.py)
     for index in range(command["start"], command["start"] + command["n"]):
         ev = event(command["ns"], index, command["size"], command["keyed"])
+        if prepare is not None:
+            prepare(ev)
         result = _timed(handler, ev, context, walls, cpus)
         expected = {"orderId": ev.get("orderId"), "status": "placed", "lines": bench_handler.lines(ev["size"])}
         wrong += result != expected

@@ -1,0 +1,208 @@
+"""The floor: what plain `http.client` costs to send the layer's own requests and read the same answers.
+
+The client stays on `http.client` (docs/design.md), so no layer on it can cost less per invocation than the
+round trips it makes. A floor worker captures the exact requests the layer writes for one event (the claim and
+the completion of a first execution, as bytes on the socket), and then, for every event, sends them again
+through a plain `http.client.HTTPConnection` (putrequest, putheader, endheaders, getresponse, read) with the
+event's key and order id put in their place: a claim, and when it is answered 200 the handler and the
+completion; when it is refused (a replay) nothing more, as the layer. What is not the floor's work is done
+outside the timed call (`prepare`: the key's hash and the bodies). The signature is the capture's:
+DynamoDB Local does not check it, and the floor costs no signing.
+
+    measure(...)   the layer, the floor and Powertools, with and without a session token, interleaved
+    ab(...)        the layer against the layer of another revision (`run.py --ab REV`), interleaved
+
+Both report medians of CPU per invocation (`time.process_time`) and their ratios; neither asserts anything.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from common import ROOT
+from stats import median_ms, ratio
+
+FLOOR_SYSTEMS = ("layer", "floor", "powertools", "layer+token", "floor+token")
+_CAPTURE_INDEX = "99999"  # the capture's event: the same order id but for its last five digits
+
+
+class Floor:
+    """The floor as a handler: built in a worker process from the layer's own settings (`env`)."""
+
+    def __init__(self, env: dict[str, str], handler: Any) -> None:
+        os.environ.update(env)
+        from idempotency_layer import interceptor
+        from idempotency_layer.keys import KeyDeriver
+
+        config = interceptor.CONFIG
+        self._layer = interceptor.handler
+        self._keys = KeyDeriver(config.key_prefix, config.key_jmespath, config.payload_jmespath)
+        self._handler = handler
+        host, _, port = env["AWS_ENDPOINT_URL_DYNAMODB"].partition("://")[2].partition(":")
+        self._connection = http.client.HTTPConnection(host, int(port))
+        self._templates: tuple[Any, Any] | None = None
+        self._next: tuple[Any, Any] | None = None
+
+    def _capture(self, event: dict[str, Any]) -> tuple[Any, Any]:
+        """The layer's claim and completion for `event` as written on the socket: (head lines, body) each."""
+        import bench_handler
+        from common import Context
+
+        from idempotency_layer.dynamodb import connection
+
+        written: list[bytes] = []
+        original = connection._Connection.send
+        runs = bench_handler.RUNS
+
+        def record(self_: Any, data: Any) -> None:
+            body = self_._body
+            written.append(bytes(data) + (body or b""))
+            original(self_, data)
+
+        connection._Connection.send = record  # type: ignore[method-assign]
+        try:
+            self._layer(event, Context())
+        finally:
+            connection._Connection.send = original  # type: ignore[method-assign]
+            bench_handler.RUNS = runs  # the capture's run is not the floor's
+        if len(written) != 2:
+            raise RuntimeError(f"the layer wrote {len(written)} requests for a first execution, not 2")
+        requests = []
+        for data in written:
+            head, _, body = data.partition(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            headers = [tuple(line.split(": ", 1)) for line in lines[1:]]
+            requests.append((lines[0].split(" ")[1], headers, body))
+        return requests[0], requests[1]
+
+    def prepare(self, event: dict[str, Any]) -> None:
+        """Outside the timed call: the requests for `event`, from the capture with its key and order id put in."""
+        order = event["orderId"]
+        capture = dict(event, orderId=order[:-5] + _CAPTURE_INDEX)
+        if self._templates is None:
+            self._templates = self._capture(capture)
+        old = (self._keys.key(capture).encode(), capture["orderId"].encode())
+        new = (self._keys.key(event).encode(), order.encode())
+        made = []
+        for target, headers, body in self._templates:
+            if old[0] not in body:
+                raise RuntimeError("the captured request does not hold the capture's key")
+            made.append((target, headers, body.replace(old[0], new[0]).replace(old[1], new[1])))
+        self._next = (made[0], made[1])
+
+    def _send(self, request: Any) -> int:
+        target, headers, body = request
+        connection = self._connection
+        connection.putrequest("POST", target, skip_host=True, skip_accept_encoding=True)
+        for name, value in headers:
+            connection.putheader(name, value)
+        connection.endheaders(body)
+        response = connection.getresponse()
+        response.read()
+        return response.status
+
+    def __call__(self, event: dict[str, Any], context: Any) -> Any:
+        assert self._next is not None, "prepare(event) comes first"
+        claim, complete = self._next
+        status = self._send(claim)
+        if status != 200:
+            return None  # refused: a replay (the worker checks no floor result)
+        result = self._handler(event, context)
+        if self._send(complete) != 200:
+            raise RuntimeError("the floor's completion was refused")
+        return result
+
+
+def measure(endpoint: str, tables: dict[str, str], iterations: int, warmup: int, log_path: Path,
+            progress: Any = print) -> dict[str, Any]:
+    """Per path: each system's CPU median, and the layer's ratios to the floor and to Powertools."""
+    from inprocess import Path_, interleave  # the parent's (the workers import this module without tests/)
+
+    paths = (Path_("first", "floor", systems=FLOOR_SYSTEMS), Path_("replay", "floor", systems=FLOOR_SYSTEMS))
+    samples = interleave(endpoint, tables, paths, iterations, warmup, log_path, progress)
+    rows: dict[str, Any] = {}
+    for path in paths:
+        cpu = {s: median_ms(samples[path.name][s].cpu_ns) for s in path.systems}
+        runs = {s: samples[path.name][s].runs for s in path.systems}
+        expected = iterations if path.name == "first" else 0
+        if any(count != expected for count in runs.values()):
+            raise RuntimeError(f"floor rows, {path.name}: handler runs {runs}, expected {expected} each")
+        rows[path.name] = {"cpu_p50_ms": cpu, "n": len(samples[path.name]["layer"].cpu_ns),
+                           "layer_over_floor": ratio(cpu["layer"], cpu["floor"]),
+                           "layer_over_floor_token": ratio(cpu["layer+token"], cpu["floor+token"]),
+                           "layer_over_powertools": ratio(cpu["layer"], cpu["powertools"]),
+                           "wrong_results": samples[path.name]["layer"].wrong}
+    return rows
+
+
+def render(rows: dict[str, Any]) -> str:
+    lines = ["", "The floor: CPU per invocation against plain http.client sending the layer's own requests "
+             "(medians, in-process, interleaved)",
+             "| path | layer ms | floor ms | layer / floor | with a session token: layer ms | floor ms | "
+             "layer / floor | Powertools ms | layer / Powertools |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, row in rows.items():
+        cpu = row["cpu_p50_ms"]
+        lines.append(f"| {name} | {cpu['layer']:.3f} | {cpu['floor']:.3f} | {row['layer_over_floor']:.2f} | "
+                     f"{cpu['layer+token']:.3f} | {cpu['floor+token']:.3f} | {row['layer_over_floor_token']:.2f} | "
+                     f"{cpu['powertools']:.3f} | {row['layer_over_powertools']:.2f} |")
+    return "\n".join(lines)
+
+
+# -- A/B: the layer against another revision's ---------------------------------------------------------------
+
+
+def checkout(revision: str, into: Path) -> Path:
+    """The layer's package as it is at `revision` (git archive), unpacked under `into`; its source root."""
+    archive = into / "layer.tar"
+    subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", "-o", str(archive), revision,
+                    "layer/idempotency_layer"], check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(into, filter="data")
+    return into / "layer"
+
+
+def ab(endpoint: str, tables: dict[str, str], revision: str, iterations: int, warmup: int, log_path: Path,
+       progress: Any = print) -> dict[str, Any]:
+    """The working tree's layer ("layer") against `revision`'s ("layer@base"), with and without a session
+    token, first executions and replays, interleaved; medians and B/A (this tree over the revision)."""
+    from common import base_env
+    from inprocess import Path_, interleave
+
+    systems = ("layer@base", "layer", "layer+token@base", "layer+token")
+    paths = (Path_("first", "ab", systems=systems), Path_("replay", "ab", systems=systems))
+    with tempfile.TemporaryDirectory(prefix="idempotency-ab-") as tmp:
+        source = checkout(revision, Path(tmp))
+        python_path = base_env(endpoint)["PYTHONPATH"].split(os.pathsep)
+        # One hash seed for all four, so string hashing lays their dicts out alike (a bias between processes).
+        env = {s: {"PYTHONHASHSEED": "0"} for s in systems}
+        for system in systems:
+            if "@" in system:
+                env[system]["PYTHONPATH"] = os.pathsep.join([python_path[0], str(source)])
+        samples = interleave(endpoint, tables, paths, iterations, warmup, log_path, progress, env)
+    rows: dict[str, Any] = {}
+    for path in paths:
+        cpu = {s: median_ms(samples[path.name][s].cpu_ns) for s in systems}
+        rows[path.name] = {"cpu_p50_ms": cpu, "n": iterations,
+                           "b_over_a": ratio(cpu["layer"], cpu["layer@base"]),
+                           "saved_us": (cpu["layer@base"] - cpu["layer"]) * 1000,
+                           "b_over_a_token": ratio(cpu["layer+token"], cpu["layer+token@base"]),
+                           "saved_us_token": (cpu["layer+token@base"] - cpu["layer+token"]) * 1000}
+    return rows
+
+
+def render_ab(revision: str, rows: dict[str, Any]) -> str:
+    lines = ["", f"A/B: this tree (B) against {revision} (A), CPU per invocation (medians, in-process, interleaved)",
+             "| path | A ms | B ms | saved us | B / A | with a token: A ms | B ms | saved us | B / A |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, row in rows.items():
+        cpu = row["cpu_p50_ms"]
+        lines.append(f"| {name} | {cpu['layer@base']:.3f} | {cpu['layer']:.3f} | {row['saved_us']:.1f} | "
+                     f"{row['b_over_a']:.3f} | {cpu['layer+token@base']:.3f} | {cpu['layer+token']:.3f} | "
+                     f"{row['saved_us_token']:.1f} | {row['b_over_a_token']:.3f} |")
+    return "\n".join(lines)
