@@ -47,20 +47,30 @@ spaced_text = st.text(st.sampled_from("ab1 \t-"), min_size=1, max_size=12).filte
     seconds=st.integers(0, 4_102_444_800),
     extra=st.dictionaries(st.sampled_from(["X-Custom", "user-agent", "X-Amzn-Trace-Id", "Expect"]),
                           st.one_of(header_text, spaced_text), max_size=3),
+    later=st.lists(st.tuples(st.integers(0, 90_000), st.binary(max_size=60), st.booleans()), max_size=4),
 )
-def test_the_signature_is_botocores(access, secret, token, region, host, operation, body, seconds, extra):
-    when = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).replace(tzinfo=None)
-    headers = {
-        "Content-Type": "application/x-amz-json-1.0",
-        "Host": host,
-        "X-Amz-Target": f"DynamoDB_20120810.{operation}",
-        **extra,
-    }
-    ours = Signer(access, secret, token, region, "dynamodb").sign(headers, body, now=seconds)
-    theirs = botocore_sign(access, secret, token, region, "dynamodb", f"http://{host}/", headers, body, when)
-    for name in ("Authorization", "X-Amz-Date", "X-Amz-Security-Token"):
-        assert ours.get(name) == theirs.get(name), name
-    assert headers["Host"] == host and "Authorization" not in headers  # the caller's headers are left as they were
+def test_the_signature_is_botocores(access, secret, token, region, host, operation, body, seconds, extra, later):
+    # One signer signs the request, then more (later instants, other bodies, now and then another operation):
+    # each signature is botocore's, whatever the signer kept from the ones before (its plans, date and key).
+    signer = Signer(access, secret, token, region, "dynamodb")
+    requests = [(0, body, operation), *((delay, more, "GetItem" if other else operation)
+                                          for delay, more, other in later)]
+    for delay, data, name in requests:
+        when = datetime.datetime.fromtimestamp(seconds + delay, datetime.timezone.utc).replace(tzinfo=None)
+        headers = {
+            "Content-Type": "application/x-amz-json-1.0",
+            "Host": host,
+            "X-Amz-Target": f"DynamoDB_20120810.{name}",
+            **extra,
+        }
+        given = dict(headers)
+        ours = signer.sign(headers, data, now=seconds + delay)
+        theirs = botocore_sign(access, secret, token, region, "dynamodb", f"http://{host}/", headers, data, when)
+        for field in ("Authorization", "X-Amz-Date", "X-Amz-Security-Token"):
+            assert ours.get(field) == theirs.get(field), field
+        assert headers == given  # the caller's headers are left as they were
+        # The headers sent: the caller's, in its order, then the date, the token and the signature.
+        assert list(ours) == [*headers, "X-Amz-Date", *(["X-Amz-Security-Token"] if token else []), "Authorization"]
 
 
 def test_a_signature_is_botocores_on_the_wire_request():
@@ -86,9 +96,9 @@ def test_a_resign_replaces_the_previous_signature():
 
 
 def test_the_signing_key_is_derived_once_a_day(monkeypatch):
-    # Each HMAC goes through hmac.new: four derive the day's key, one signs.
+    # Each HMAC goes through hmac.digest: four derive the day's key, one signs.
     calls = []
-    counting = types.SimpleNamespace(new=lambda *a: calls.append(a) or hmac.new(*a))
+    counting = types.SimpleNamespace(digest=lambda *a: calls.append(a) or hmac.digest(*a))
     monkeypatch.setattr(sigv4, "hmac", counting)
     signer = Signer("AKID", "secret", None, "eu-west-1", "dynamodb")
     for second in range(0, 3600, 60):
@@ -102,6 +112,20 @@ def test_the_signing_key_is_derived_once_a_day(monkeypatch):
     signed = signer.sign({"Host": "h"}, b"", now=1_700_000_000 + 86_400)
     assert signed["Authorization"] == botocore_sign("AKID", "secret", None, "eu-west-1", "dynamodb", "http://h/",
                                                     {"Host": "h"}, b"", when)["Authorization"]
+
+
+def test_the_date_is_formatted_once_a_second_and_plans_are_bounded(monkeypatch):
+    formatted = []
+    real = sigv4.time.strftime
+    monkeypatch.setattr(sigv4.time, "strftime", lambda *a: formatted.append(a) or real(*a))
+    signer = Signer("AKID", "secret", None, "eu-west-1", "s3")
+    for tenth in range(30):  # three seconds, ten signatures each
+        signed = signer.sign({"Host": "h"}, b"", now=1_700_000_000 + tenth / 10)
+        assert signed["X-Amz-Date"] == f"20231114T2213{20 + tenth // 10}Z"
+    assert len(formatted) == 3
+    for n in range(sigv4._PLANS * 3):  # an S3 object a path: the plans kept stay few
+        signer.sign({"Host": "h"}, b"", method="GET", path=f"/bucket/{n}", now=1_700_000_000)
+        assert len(signer._plans) <= sigv4._PLANS
 
 
 # -- AWS's test suite -----------------------------------------------------------------------------------------
