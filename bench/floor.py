@@ -168,31 +168,41 @@ def checkout(revision: str, into: Path) -> Path:
 
 
 def ab(endpoint: str, tables: dict[str, str], revision: str, iterations: int, warmup: int, log_path: Path,
-       progress: Any = print) -> dict[str, Any]:
+       progress: Any = print, rounds: int = 8) -> dict[str, Any]:
     """The working tree's layer ("layer") against `revision`'s ("layer@base"), with and without a session
-    token, first executions and replays, interleaved; medians and B/A (this tree over the revision)."""
+    token, first executions and replays, interleaved; medians and B/A (this tree over the revision).
+
+    In `rounds` rounds, each with new worker processes and keys: a process's own luck (where its memory lies)
+    moves its figures by a few percent for its whole life, so one pair of processes would measure that too."""
     from common import base_env
-    from inprocess import Path_, interleave
+    from inprocess import Path_, Samples, interleave
 
     systems = ("layer@base", "layer", "layer+token@base", "layer+token")
-    paths = (Path_("first", "ab", systems=systems), Path_("replay", "ab", systems=systems))
+    names = ("first", "replay")
+    pooled = {name: {s: Samples() for s in systems} for name in names}
     with tempfile.TemporaryDirectory(prefix="idempotency-ab-") as tmp:
         source = checkout(revision, Path(tmp))
         python_path = base_env(endpoint)["PYTHONPATH"].split(os.pathsep)
-        # One hash seed for all four, so string hashing lays their dicts out alike (a bias between processes).
+        # One hash seed for all four, so string hashing lays their dicts out alike.
         env = {s: {"PYTHONHASHSEED": "0"} for s in systems}
         for system in systems:
             if "@" in system:
                 env[system]["PYTHONPATH"] = os.pathsep.join([python_path[0], str(source)])
-        samples = interleave(endpoint, tables, paths, iterations, warmup, log_path, progress, env)
+        for number in range(rounds):
+            paths = tuple(Path_(name, f"ab{number}", systems=systems) for name in names)
+            samples = interleave(endpoint, tables, paths, -(-iterations // rounds), warmup, log_path,
+                                 lambda m, n=number: progress(f"  round {n + 1} of {rounds}:{m[1:]}"), env)
+            for name in names:
+                for system in systems:
+                    pooled[name][system].cpu_ns += samples[name][system].cpu_ns
     rows: dict[str, Any] = {}
-    for path in paths:
-        cpu = {s: median_ms(samples[path.name][s].cpu_ns) for s in systems}
-        rows[path.name] = {"cpu_p50_ms": cpu, "n": iterations,
-                           "b_over_a": ratio(cpu["layer"], cpu["layer@base"]),
-                           "saved_us": (cpu["layer@base"] - cpu["layer"]) * 1000,
-                           "b_over_a_token": ratio(cpu["layer+token"], cpu["layer+token@base"]),
-                           "saved_us_token": (cpu["layer+token@base"] - cpu["layer+token"]) * 1000}
+    for name in names:
+        cpu = {s: median_ms(pooled[name][s].cpu_ns) for s in systems}
+        rows[name] = {"cpu_p50_ms": cpu, "n": len(pooled[name]["layer"].cpu_ns),
+                      "b_over_a": ratio(cpu["layer"], cpu["layer@base"]),
+                      "saved_us": (cpu["layer@base"] - cpu["layer"]) * 1000,
+                      "b_over_a_token": ratio(cpu["layer+token"], cpu["layer+token@base"]),
+                      "saved_us_token": (cpu["layer+token@base"] - cpu["layer+token"]) * 1000}
     return rows
 
 
