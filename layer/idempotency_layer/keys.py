@@ -11,6 +11,7 @@ import binascii
 import gzip
 import hashlib
 import json
+import re
 import zlib
 from collections.abc import Callable
 
@@ -105,7 +106,30 @@ def _reads_the_event(node: Any) -> bool:
     return isinstance(node, list) and any(_reads_the_event(child) for child in node)
 
 
+# A JMESPath unquoted identifier: the expression is one field of the event.
+_BARE_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _field(name: str, variable: str) -> Callable[[Any], Any]:
+    """A bare field read as JMESPath reads it (its TreeInterpreter.visit_field): the value's `get(name)`, None
+    for a value without `get` (a list, a string, a number). jmespath is not even imported."""
+
+    def select(event: Any) -> Any:
+        try:
+            return event.get(name)
+        except AttributeError:
+            return None
+        except Exception as error:  # as _compile's: a failure to apply it is the event's
+            raise IdempotencyKeyError(
+                f"{variable}={name!r} could not be applied to the event: {_describe(error)}"
+            ) from None
+
+    return select
+
+
 def _compile(expression: str, variable: str = "IDEMPOTENCY_KEY_JMESPATH") -> Callable[[Any], Any]:
+    if _BARE_FIELD.fullmatch(expression):
+        return _field(expression, variable)
     # jmespath ships with botocore in every Lambda Python runtime; it is only imported when configured.
     import jmespath
     from jmespath import functions

@@ -237,3 +237,33 @@ def test_fingerprints_are_sha256_of_the_selection_and_none_without_the_setting()
     assert KeyDeriver("fn", "orderId").fingerprint(event) is None
     with pytest.raises(IdempotencyKeyError, match="IDEMPOTENCY_PAYLOAD_JMESPATH='json_parse\\(body\\)' could not"):
         keys.fingerprint({"orderId": "1", "body": "not json"})
+
+
+# A bare field is read without jmespath (keys._field): it must select exactly what jmespath selects.
+_names = st.one_of(st.sampled_from(["orderId", "id", "_x", "true", "null", "a1"]),
+                   st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True))
+_events = st.one_of(
+    _json_values,
+    st.dictionaries(st.one_of(_names, st.text(max_size=4)), _json_values, max_size=5),
+)
+
+
+@settings(max_examples=EXAMPLES * 3, deadline=None)
+@given(name=_names, event=_events, present=_json_values)
+def test_a_bare_field_selects_what_jmespath_selects(name, event, present):
+    import jmespath
+
+    deriver = KeyDeriver("p", name)
+    for value in (event, {**event, name: present} if isinstance(event, dict) else [event]):
+        assert deriver.select(value) is jmespath.search(name, value)  # the very value, or None alike
+        assert deriver.key(value) == deriver.key_of(jmespath.search(name, value))
+
+
+def test_a_bare_field_is_read_without_importing_jmespath():
+    import subprocess
+    import sys
+
+    code = ("import sys; from idempotency_layer.keys import KeyDeriver; k = KeyDeriver('p', 'orderId'); "
+            "assert k.key({'orderId': 1}) and 'jmespath' not in sys.modules; "
+            "KeyDeriver('p', 'a.b'); assert 'jmespath' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
