@@ -142,6 +142,8 @@ _MESSAGE_CHARS = 300
 def _clean(message: str) -> str:
     """DynamoDB's own message names the problem (never an item's values); it is kept on one line and cut short,
     so a broken or hostile peer cannot fill or forge log lines with it."""
+    if len(message) <= _MESSAGE_CHARS and message.isprintable():  # DynamoDB's own, as a rule: as it is
+        return message
     cut = message[:_MESSAGE_CHARS]
     cleaned = "".join(c if c.isprintable() else " " for c in cut)
     return cleaned + ("..." if len(message) > _MESSAGE_CHARS else "")
