@@ -12,6 +12,7 @@ import socket
 import subprocess
 import threading
 import time
+import types
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -399,6 +400,34 @@ def test_connections_on_descriptors_past_1024_are_still_reused(serve):
         for f in held:
             f.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_kept_connection_sets_its_timeout_and_makes_its_poll_object_once(serve, monkeypatch):
+    # Each settimeout is a system call: made when the value changes, not for every write and read; and the
+    # idle check asks one poll object a connection, made when it connects.
+    import select as select_module
+
+    server = serve()
+    pool = pool_for(server)
+    made = []
+    real_poll = select_module.poll
+    monkeypatch.setattr(select_module, "poll", lambda: made.append(1) or real_poll())
+    pool.send(headers_for(server), b"")
+    connection = pool._idle[0]
+    timed = connection.reader.raw
+    calls = []
+    real = timed.sock.settimeout
+    monkeypatch.setattr(timed, "sock", types.SimpleNamespace(
+        settimeout=lambda value: calls.append(value) or real(value), gettimeout=timed.sock.gettimeout,
+        fileno=timed.sock.fileno, recv_into=timed.sock.recv_into), raising=True)
+    for _ in range(5):
+        assert pool.send(headers_for(server), b"").body == b"{}"
+    assert calls == [] and made == [1] and pool.opened == 1
+    budget = Budget()
+    budget.attempt(0.5)  # a deadline shorter than the read timeout: every write and read is bounded by it
+    assert pool.send(headers_for(server), b"", budget).body == b"{}"
+    assert len(calls) >= 2 and all(0 < value <= 0.5 for value in calls)
+    assert timed.timeout == calls[-1]
 
 
 def test_every_connection_has_nodelay_and_keepalive_when_asked(serve):

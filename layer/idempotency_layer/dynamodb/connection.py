@@ -129,6 +129,7 @@ class _Timed(io.RawIOBase):
         super().__init__()
         self.sock = sock
         self._file = sock.makefile("rb", buffering=0)
+        self.timeout = sock.gettimeout()  # what the socket has: settimeout costs a system call, made on change only
         self.end: float | None = None
         self.limit: float | None = None
         self.received = 0
@@ -137,13 +138,18 @@ class _Timed(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    def set_timeout(self, timeout: float) -> None:
+        if timeout != self.timeout:
+            self.sock.settimeout(timeout)
+            self.timeout = timeout
+
     def readinto(self, buffer: Any) -> int | None:
         end = self.end
         if end is not None:  # without an end, the socket keeps the read timeout _exchange gave it
             left = end - time.monotonic()
             if left <= 0:
                 raise TimeoutError("the attempt's time ran out while reading")
-            self.sock.settimeout(left if self.limit is None or self.limit > left else self.limit)
+            self.set_timeout(left if self.limit is None or self.limit > left else self.limit)
         count = self._file.readinto(buffer)
         if count:
             self.received += count
@@ -191,6 +197,7 @@ class _Connection(http.client.HTTPConnection):
     tls: Any = None  # the SSLSocket over https, for what OpenSSL holds decrypted and unread
     _body: bytes | None = None
 
+    poller: Any = None  # select.poll on the socket, once attached
     tunnel_end: float | None = None  # when the attempt reading a proxy's CONNECT answer ends
     tunnel_reader: _Reader | None = None
 
@@ -219,8 +226,10 @@ class _Connection(http.client.HTTPConnection):
         return clean
 
     def attach(self) -> None:
-        """Put our reader on the connected (and, over https, wrapped) socket."""
+        """Put our reader on the connected (and, over https, wrapped) socket, and the poll object `_alive` asks."""
         self.reader = _Reader(_Timed(self.sock), _BUFFER)
+        self.poller = select.poll()
+        self.poller.register(self.sock, select.POLLIN)
 
     def send(self, data: Any) -> None:
         body = self._body
@@ -250,11 +259,9 @@ def _alive(connection: _Connection) -> bool:
         return False
     try:
         # poll, not select: select refuses descriptors past FD_SETSIZE (1024), which a process holding many
-        # files reaches, and every idle connection would then look dead.
-        poller = select.poll()
-        poller.register(connection.reader.raw.sock, select.POLLIN)  # type: ignore[union-attr]
-        return not poller.poll(0)
-    except (OSError, ValueError):
+        # files reaches, and every idle connection would then look dead. One poll object a connection.
+        return not connection.poller.poll(0)
+    except (OSError, ValueError, AttributeError):
         return False
 
 
@@ -511,7 +518,7 @@ class Pool:
             timeout = budget.cut(self._read_timeout)
             if timeout <= 0:  # the attempt's time went on connecting: nothing was sent
                 raise self._read_timeout_error(sent=False)
-            raw.sock.settimeout(timeout)  # the write's bound; each read sets its own (_Timed)
+            raw.set_timeout(timeout)  # the write's bound; each read sets its own (_Timed)
             raw.end = budget.end
             raw.limit = self._read_timeout
             start = raw.received
