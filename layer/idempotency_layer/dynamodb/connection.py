@@ -621,9 +621,18 @@ class Headers(Mapping):
         self._message = message  # http.client's HTTPMessage
 
     def __getitem__(self, name: str) -> str:
+        value = self.get(name)
+        if value is None:
+            raise KeyError(name)
+        return value
+
+    def get(self, name: str, default: Any = None) -> Any:
         values = self._message.get_all(name)
         if not values:
-            raise KeyError(name)
+            return default
+        if len(values) == 1:  # most are: the value alone, without a join
+            value = values[0]
+            return (_FOLD.sub(" ", value) if "\n" in value else value).strip()
         return ", ".join((_FOLD.sub(" ", value) if "\n" in value else value).strip() for value in values)
 
     def __iter__(self) -> Iterator[str]:

@@ -135,6 +135,8 @@ class Retry:
 
     def succeeded(self, taken: int) -> None:
         """A 2xx answer: give back the last retry's quota, or one unit when the call needed no retry."""
+        if self.capacity >= _QUOTA_CAPACITY:  # full, as it nearly always is: nothing to give back, no lock taken
+            return
         amount = taken or _NO_RETRY_INCREMENT
         with self._lock:
             self.capacity = min(_QUOTA_CAPACITY, self.capacity + amount)
