@@ -186,9 +186,12 @@ def test_an_iam_token_is_botocores_presigned_url(service: str, user: str, cache:
     if service == "elasticache-serverless":
         params["ResourceType"] = "ServerlessCache"
     when = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).replace(tzinfo=None)
+    # The session held while it signs: RequestSigner keeps only a weak reference to its event emitter, which a
+    # collection would otherwise take from under it (ReferenceError, now and then).
+    session = botocore.session.get_session()
     with mock.patch.object(botocore.auth, "get_current_datetime", lambda: when):
         signer = RequestSigner(ServiceId(name), region, name, "v4", Credentials("AKIDEXAMPLE", "secret/key+1", token),
-                               botocore.session.get_session().get_component("event_emitter"))
+                               session.get_component("event_emitter"))
         theirs = signer.generate_presigned_url(
             {"method": "GET", "url": f"https://{cache}/?{urlencode(params)}", "body": {}, "headers": {},
              "context": {}}, operation_name="connect", expires_in=900, region_name=region)
