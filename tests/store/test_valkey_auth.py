@@ -40,10 +40,10 @@ def botocore_token(user: str, cache: str, service: str, amz_date: str) -> str:
     from botocore.signers import RequestSigner
 
     when = datetime.datetime.strptime(amz_date, "%Y%m%dT%H%M%SZ")
+    session = botocore.session.get_session()  # held: RequestSigner keeps a weak reference to its emitter
     with mock.patch.object(botocore.auth, "get_current_datetime", lambda: when):
         signer = RequestSigner(ServiceId(service), "eu-west-1", service, "v4",
-                               Credentials("AKIDEXAMPLE", "secret", "tok"),
-                               botocore.session.get_session().get_component("event_emitter"))
+                               Credentials("AKIDEXAMPLE", "secret", "tok"), session.get_component("event_emitter"))
         url = f"https://{cache}/?{urlencode({'Action': 'connect', 'User': user})}"
         return signer.generate_presigned_url({"method": "GET", "url": url, "body": {}, "headers": {}, "context": {}},
                                              operation_name="connect", expires_in=900,
