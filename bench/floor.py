@@ -159,6 +159,7 @@ def render(rows: dict[str, Any]) -> str:
 
 def checkout(revision: str, into: Path) -> Path:
     """The layer's package as it is at `revision` (git archive), unpacked under `into`; its source root."""
+    into.mkdir(parents=True, exist_ok=True)
     archive = into / "layer.tar"
     subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", "-o", str(archive), revision,
                     "layer/idempotency_layer"], check=True)
@@ -171,6 +172,7 @@ def ab(endpoint: str, tables: dict[str, str], revision: str, iterations: int, wa
        progress: Any = print, rounds: int = 8) -> dict[str, Any]:
     """The working tree's layer ("layer") against `revision`'s ("layer@base"), with and without a session
     token, first executions and replays, interleaved; medians and B/A (this tree over the revision).
+    `revision` "A..B": revision B's layer in place of the working tree's.
 
     In `rounds` rounds, each with new worker processes and keys: a process's own luck (where its memory lies)
     moves its figures by a few percent for its whole life, so one pair of processes would measure that too."""
@@ -181,12 +183,16 @@ def ab(endpoint: str, tables: dict[str, str], revision: str, iterations: int, wa
     names = ("first", "replay")
     pooled = {name: {s: Samples() for s in systems} for name in names}
     with tempfile.TemporaryDirectory(prefix="idempotency-ab-") as tmp:
-        source = checkout(revision, Path(tmp))
+        base, _, other = revision.partition("..")
+        sources = {"@": checkout(base, Path(tmp) / "a")}
+        if other:
+            sources[""] = checkout(other, Path(tmp) / "b")
         python_path = base_env(endpoint)["PYTHONPATH"].split(os.pathsep)
         # One hash seed for all four, so string hashing lays their dicts out alike.
         env = {s: {"PYTHONHASHSEED": "0"} for s in systems}
         for system in systems:
-            if "@" in system:
+            source = sources.get("@" if "@" in system else "")
+            if source is not None:
                 env[system]["PYTHONPATH"] = os.pathsep.join([python_path[0], str(source)])
         for number in range(rounds):
             paths = tuple(Path_(name, f"ab{number}", systems=systems) for name in names)
@@ -207,7 +213,9 @@ def ab(endpoint: str, tables: dict[str, str], revision: str, iterations: int, wa
 
 
 def render_ab(revision: str, rows: dict[str, Any]) -> str:
-    lines = ["", f"A/B: this tree (B) against {revision} (A), CPU per invocation (medians, in-process, interleaved)",
+    base, _, other = revision.partition("..")
+    lines = ["", f"A/B: {other or 'this tree'} (B) against {base} (A), CPU per invocation (medians, in-process, "
+             "interleaved, eight rounds of fresh processes)",
              "| path | A ms | B ms | saved us | B / A | with a token: A ms | B ms | saved us | B / A |",
              "|---|---|---|---|---|---|---|---|---|"]
     for name, row in rows.items():

@@ -187,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only-profile", action="store_true", help="run only the profile of the layer's hot path "
                         "and print where its CPU goes, timed in place; write nothing")
     parser.add_argument("--ab", metavar="REV", help="run only an A/B of the layer's CPU per invocation: this tree "
-                        "against git revision REV, interleaved (default 1000 invocations per path); write nothing")
+                        "against git revision REV (or, with REV..OTHER, revision OTHER against REV), interleaved "
+                        "(default 4000 invocations per path); write nothing")
     parser.add_argument("--no-valkey", action="store_true", help="skip the Valkey store's rows")
     parser.add_argument("--only-valkey", action="store_true", help="run only the Valkey store's rows")
     parser.add_argument("--no-large", action="store_true", help="skip the large results' rows")
@@ -203,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     init_samples = 3 if args.quick else 16
     e2e_iterations = 20 if args.quick else 150
     if args.ab:
-        return _ab(args.ab, args.iterations or 1000, warmup)
+        return _ab(args.ab, args.iterations or 4000, warmup)
     if args.only_profile:
         return _only_profile()
     if args.only_floor:
