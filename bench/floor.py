@@ -120,12 +120,13 @@ class Floor:
 
 
 def measure(endpoint: str, tables: dict[str, str], iterations: int, warmup: int, log_path: Path,
-            progress: Any = print) -> dict[str, Any]:
-    """Per path: each system's CPU median, and the layer's ratios to the floor and to Powertools."""
+            progress: Any = print, warm: int = 0) -> dict[str, Any]:
+    """Per path: each system's CPU median, and the layer's ratios to the floor and to Powertools. `warm`: see
+    inprocess.interleave (run.py's full run has warmed DynamoDB Local already)."""
     from inprocess import Path_, interleave  # the parent's (the workers import this module without tests/)
 
     paths = (Path_("first", "floor", systems=FLOOR_SYSTEMS), Path_("replay", "floor", systems=FLOOR_SYSTEMS))
-    samples = interleave(endpoint, tables, paths, iterations, warmup, log_path, progress)
+    samples = interleave(endpoint, tables, paths, iterations, warmup, log_path, progress, warm=warm)
     rows: dict[str, Any] = {}
     for path in paths:
         cpu = {s: median_ms(samples[path.name][s].cpu_ns) for s in path.systems}
@@ -197,25 +198,37 @@ def ab(endpoint: str, tables: dict[str, str], revision: str, iterations: int, wa
         for number in range(rounds):
             paths = tuple(Path_(name, f"ab{number}", systems=systems) for name in names)
             samples = interleave(endpoint, tables, paths, -(-iterations // rounds), warmup, log_path,
-                                 lambda m, n=number: progress(f"  round {n + 1} of {rounds}:{m[1:]}"), env)
+                                 lambda m, n=number: progress(f"  round {n + 1} of {rounds}:{m[1:]}"), env,
+                                 warm=500 if number == 0 else 0)
             for name in names:
                 for system in systems:
                     pooled[name][system].cpu_ns += samples[name][system].cpu_ns
     rows: dict[str, Any] = {}
     for name in names:
         cpu = {s: median_ms(pooled[name][s].cpu_ns) for s in systems}
-        rows[name] = {"cpu_p50_ms": cpu, "n": len(pooled[name]["layer"].cpu_ns),
-                      "b_over_a": ratio(cpu["layer"], cpu["layer@base"]),
-                      "saved_us": (cpu["layer@base"] - cpu["layer"]) * 1000,
-                      "b_over_a_token": ratio(cpu["layer+token"], cpu["layer+token@base"]),
-                      "saved_us_token": (cpu["layer+token@base"] - cpu["layer+token"]) * 1000}
+        saved = _paired(pooled[name]["layer@base"].cpu_ns, pooled[name]["layer"].cpu_ns)
+        saved_token = _paired(pooled[name]["layer+token@base"].cpu_ns, pooled[name]["layer+token"].cpu_ns)
+        # B / A: what B saves, paired, over A's median (the pooled medians' own ratio moves with the machine).
+        rows[name] = {"cpu_p50_ms": cpu, "n": len(pooled[name]["layer"].cpu_ns), "saved_us": saved,
+                      "b_over_a": 1 - saved / 1000 / cpu["layer@base"], "saved_us_token": saved_token,
+                      "b_over_a_token": 1 - saved_token / 1000 / cpu["layer+token@base"]}
     return rows
+
+
+def _paired(a: list[int], b: list[int], batch: int = 10) -> float:
+    """What B saves on A, in microseconds: the median over batches of A's batch median less B's, each pair of
+    batches run one after the other (so a drift of the machine over minutes cancels out)."""
+    import statistics
+
+    differences = [statistics.median(a[i:i + batch]) - statistics.median(b[i:i + batch])
+                   for i in range(0, min(len(a), len(b)), batch)]
+    return statistics.median(differences) / 1000 if differences else float("nan")
 
 
 def render_ab(revision: str, rows: dict[str, Any]) -> str:
     base, _, other = revision.partition("..")
     lines = ["", f"A/B: {other or 'this tree'} (B) against {base} (A), CPU per invocation (medians, in-process, "
-             "interleaved, eight rounds of fresh processes)",
+             "interleaved, eight rounds of fresh processes; saved: the median of paired batches' differences)",
              "| path | A ms | B ms | saved us | B / A | with a token: A ms | B ms | saved us | B / A |",
              "|---|---|---|---|---|---|---|---|---|"]
     for name, row in rows.items():

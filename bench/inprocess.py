@@ -163,14 +163,20 @@ def measure(
 
 def interleave(endpoint: str, tables: dict[str, str], paths: tuple[Path_, ...], iterations: int, warmup: int,
                 log_path: Path, progress: Any, env: dict[str, dict[str, str]] | None = None,
-                batch: int = 10) -> dict[str, dict[str, Samples]]:
-    """path -> system -> samples: each batch of `batch` events to every system in turn, the order rotated."""
+                batch: int = 10, warm: int = 0) -> dict[str, dict[str, Samples]]:
+    """path -> system -> samples: each batch of `batch` events to every system in turn, the order rotated.
+    `warm`: first executions and replays each system runs, unmeasured, before the paths (DynamoDB Local is a JVM
+    whose JIT settles on the requests it is sent)."""
     systems = tuple(dict.fromkeys(s for p in paths for s in p.systems))
     samples = {p.name: {s: Samples() for s in p.systems} for p in paths}
     warmup = -(-warmup // batch) * batch
     with open(log_path, "ab") as log:
         workers = {s: Worker(s, tables[s], endpoint, log, (env or {}).get(s)) for s in systems}
         try:
+            for start in range(0, warm, batch):
+                for system in systems:
+                    for name in ("first", "replay"):
+                        workers[system].run(Path_(name, "warm-" + paths[0].namespace), start, batch)
             for path in paths:
                 progress(f"  {path.name}: {', '.join(path.systems)}")
                 total = warmup + iterations

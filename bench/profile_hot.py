@@ -28,6 +28,7 @@ from typing import Any
 from common import BENCH, Context, base_env, event, python
 
 INVOCATIONS = 200
+IN_PLACE_INVOCATIONS = 1000
 TOP = 12
 # Where the time goes, timed in place: (label, module, owner in it or "", attribute, top level). Each is wrapped
 # in a timer of CPU time (`time.process_time_ns`) for the run, so it is measured where it runs: right after a
@@ -206,7 +207,7 @@ def _components(table: str) -> list[dict[str, Any]]:
     return [{"part": name, "ms": _per_call_ms(function, n)} for name, function, n in parts]
 
 
-def _child(table: str) -> None:
+def _child(table: str, in_place_only: bool = False) -> None:
     from worker import build
 
     handler = build("layer", table)
@@ -217,7 +218,10 @@ def _child(table: str) -> None:
     out = {}
     in_place = {}
     for name, namespace in (("first execution", "place"), ("replay", "place")):
-        in_place[name] = _in_place(handler, [event(namespace, i) for i in range(INVOCATIONS)], context)
+        in_place[name] = _in_place(handler, [event(namespace, i) for i in range(IN_PLACE_INVOCATIONS)], context)
+    if in_place_only:
+        print(json.dumps({"in_place": in_place}), flush=True)
+        return
     for name, namespace, size in (("first execution", "prof", "small"), ("replay", "prof", "small"),
                                   ("first execution, 100 KB result", "prof100k", "100k"),
                                   ("replay, 100 KB result", "prof100k", "100k")):
@@ -231,15 +235,17 @@ def _child(table: str) -> None:
     print(json.dumps({"in_place": in_place, "cprofile": out, "components": _components(table)}), flush=True)
 
 
-def profile(endpoint: str, tables: dict[str, str], tmp: Path) -> dict[str, Any]:
+def profile(endpoint: str, tables: dict[str, str], tmp: Path, in_place_only: bool = False) -> dict[str, Any]:
+    """The three ways, in a worker process of the layer's on `tables["layer"]`; `in_place_only`: the first."""
     env = base_env(endpoint)
-    done = subprocess.run([python(), str(BENCH / "profile_hot.py"), tables["layer"]], env=env,
+    done = subprocess.run([python(), str(BENCH / "profile_hot.py"), tables["layer"],
+                           *(["--in-place"] if in_place_only else [])], env=env,
                           capture_output=True, text=True, check=True)
     return json.loads(done.stdout.splitlines()[-1])
 
 
 if __name__ == "__main__":
     sys.path.insert(0, str(BENCH))
-    _child(sys.argv[1])
+    _child(sys.argv[1], "--in-place" in sys.argv[2:])
     sys.stdout.flush()
     os._exit(0)

@@ -125,7 +125,7 @@ def summarise(results: dict[str, Any]) -> dict[str, Any]:
                                                                    "requests", "bytes_sent")}
             summary["paths"][path] = {"label": PATH_LABELS[path], "systems": figures, "ratios": ratios,
                                       "layer": layer, "powertools": powertools, "measured": measured}
-    for name in ("init", "e2e", "profile"):
+    for name in ("init", "e2e", "profile", "floor"):
         if name in results:
             summary[name] = results[name]
     summary["targets"] = targets(summary)
@@ -152,6 +152,12 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
         found.append(_target(
             f"client CPU per {PATH_LABELS[path]} <= 0.5x Powertools", ratio(mine["cpu_p50_ms"], theirs["cpu_p50_ms"]),
             0.5, "x", f"{mine['cpu_p50_ms']:.3f} ms vs {theirs['cpu_p50_ms']:.3f} ms (medians)"))
+    for path, row in (summary.get("floor") or {}).items():  # bench/floor.py: plain http.client, the same requests
+        cpu = row["cpu_p50_ms"]
+        found.append(_target(
+            f"client CPU per {PATH_LABELS[path]} <= 1.3x the floor (plain http.client)", row["layer_over_floor"],
+            1.3, "x", f"{cpu['layer']:.3f} ms vs {cpu['floor']:.3f} ms (medians); with a session token "
+            f"{row['layer_over_floor_token']:.2f}x, {cpu['layer+token']:.3f} vs {cpu['floor+token']:.3f} ms"))
     e2e = summary.get("e2e")
     if e2e and not e2e.get("skipped"):
         added = e2e_added(e2e)
@@ -381,6 +387,10 @@ def render(summary: dict[str, Any], markdown: bool = False, cprofile: bool = Tru
                                                    added["powertools"]["runtime_cpu_ms"])), ""])
             parts.append(_table(header, rows, markdown))
 
+    if summary.get("floor"):
+        import floor
+
+        parts.append(floor.render(summary["floor"]))
     profile = summary.get("profile")
     if profile:
         parts.append(render_in_place(profile, markdown))
@@ -530,6 +540,12 @@ def _within(value: float, limit: float, unit: str) -> str:
 def prose(summary: dict[str, Any]) -> list[str]:
     """The benchmark section's sentences on end-to-end CPU and init over TLS, from this run's figures."""
     found = []
+    for path, row in (summary.get("floor") or {}).items():  # bench/floor.py: plain http.client, the same requests
+        cpu = row["cpu_p50_ms"]
+        found.append(_target(
+            f"client CPU per {PATH_LABELS[path]} <= 1.3x the floor (plain http.client)", row["layer_over_floor"],
+            1.3, "x", f"{cpu['layer']:.3f} ms vs {cpu['floor']:.3f} ms (medians); with a session token "
+            f"{row['layer_over_floor_token']:.2f}x, {cpu['layer+token']:.3f} vs {cpu['floor+token']:.3f} ms"))
     e2e = summary.get("e2e")
     if e2e and not e2e.get("skipped"):
         added = e2e_added(e2e)

@@ -137,7 +137,7 @@ def _only_floor(iterations: int, warmup: int) -> int:
     import floor
 
     rows = _dynamodb(lambda endpoint, tables, log: floor.measure(
-        endpoint, tables, iterations, warmup, log, lambda m: print(m, file=sys.stderr)))
+        endpoint, tables, iterations, warmup, log, lambda m: print(m, file=sys.stderr), warm=500))
     print(json.dumps(rows, indent=1), file=sys.stderr)
     print(floor.render(rows))
     return 0
@@ -287,11 +287,6 @@ def main(argv: list[str] | None = None) -> int:
     summary["metrics_cost"] = results["metrics_cost"]
     print(report.render(summary))
     print(_render_metrics_cost(results["metrics_cost"]))
-    if "floor" in results:
-        import floor
-
-        summary["floor"] = results["floor"]
-        print(floor.render(results["floor"]))
     if "valkey" in results:
         import valkey_bench
 
