@@ -29,7 +29,9 @@ from common import ROOT
 from stats import median_ms, ratio
 
 FLOOR_SYSTEMS = ("layer", "floor", "powertools", "layer+token", "floor+token")
-_CAPTURE_INDEX = "99999"  # the capture's event: the same order id but for its last five digits
+# The capture's event: the same order id but for its last five digits, "x" and four of this process's own (no
+# event's, and no other floor's on the table: the capture must be a first execution).
+_CAPTURE_INDEX = "x" + os.urandom(2).hex()
 
 
 class Floor:
@@ -47,6 +49,7 @@ class Floor:
         host, _, port = env["AWS_ENDPOINT_URL_DYNAMODB"].partition("://")[2].partition(":")
         self._connection = http.client.HTTPConnection(host, int(port))
         self._templates: tuple[Any, Any] | None = None
+        self._captured = (b"", b"")  # the capture's key and order id, as they are written in its requests
         self._next: tuple[Any, Any] | None = None
 
     def _capture(self, event: dict[str, Any]) -> tuple[Any, Any]:
@@ -82,18 +85,22 @@ class Floor:
         return requests[0], requests[1]
 
     def prepare(self, event: dict[str, Any]) -> None:
-        """Outside the timed call: the requests for `event`, from the capture with its key and order id put in."""
+        """Outside the timed call: the requests for `event`, from the capture with its key and order id put in (and
+        Content-Length with them, should an order id be of another length)."""
         order = event["orderId"]
-        capture = dict(event, orderId=order[:-5] + _CAPTURE_INDEX)
         if self._templates is None:
+            capture = dict(event, orderId=order[:-5] + _CAPTURE_INDEX)
+            self._captured = (self._keys.key(capture).encode(), capture["orderId"].encode())
             self._templates = self._capture(capture)
-        old = (self._keys.key(capture).encode(), capture["orderId"].encode())
+        old = self._captured
         new = (self._keys.key(event).encode(), order.encode())
         made = []
         for target, headers, body in self._templates:
             if old[0] not in body:
                 raise RuntimeError("the captured request does not hold the capture's key")
-            made.append((target, headers, body.replace(old[0], new[0]).replace(old[1], new[1])))
+            body = body.replace(old[0], new[0]).replace(old[1], new[1])
+            made.append((target, [(name, str(len(body)) if name.lower() == "content-length" else value)
+                                  for name, value in headers], body))
         self._next = (made[0], made[1])
 
     def _send(self, request: Any) -> int:

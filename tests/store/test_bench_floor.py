@@ -25,6 +25,7 @@ N = 10
 def _run(system, table, proxy, log, path):
     worker = inprocess.Worker(system, table, proxy.endpoint, log)
     try:
+        worker.run(Path_("first", "warm"), 0, 1)  # the floor captures the layer's requests with its first event
         proxy.reset()
         answer = worker.run(path, 0, N)
         return answer, proxy.snapshot()
