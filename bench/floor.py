@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from common import ROOT
-from stats import median_ms, ratio
+from stats import median_ms
 
 FLOOR_SYSTEMS = ("layer", "floor", "powertools", "layer+token", "floor+token")
 # The capture's event: the same order id but for its last five digits, "x" and four of this process's own (no
@@ -141,17 +141,18 @@ def measure(endpoint: str, tables: dict[str, str], iterations: int, warmup: int,
         expected = iterations if path.name == "first" else 0
         if any(count != expected for count in runs.values()):
             raise RuntimeError(f"floor rows, {path.name}: handler runs {runs}, expected {expected} each")
-        rows[path.name] = {"cpu_p50_ms": cpu, "n": len(samples[path.name]["layer"].cpu_ns),
-                           "layer_over_floor": ratio(cpu["layer"], cpu["floor"]),
-                           "layer_over_floor_token": ratio(cpu["layer+token"], cpu["floor+token"]),
-                           "layer_over_powertools": ratio(cpu["layer"], cpu["powertools"]),
-                           "wrong_results": samples[path.name]["layer"].wrong}
+        of = samples[path.name]
+        rows[path.name] = {"cpu_p50_ms": cpu, "n": len(of["layer"].cpu_ns),
+                           "layer_over_floor": paired_ratio(of["layer"].cpu_ns, of["floor"].cpu_ns),
+                           "layer_over_floor_token": paired_ratio(of["layer+token"].cpu_ns, of["floor+token"].cpu_ns),
+                           "layer_over_powertools": paired_ratio(of["layer"].cpu_ns, of["powertools"].cpu_ns),
+                           "wrong_results": of["layer"].wrong}
     return rows
 
 
 def render(rows: dict[str, Any]) -> str:
     lines = ["", "The floor: CPU per invocation against plain http.client sending the layer's own requests "
-             "(medians, in-process, interleaved)",
+             "(medians, in-process, interleaved; ratios: the median of paired batches' ratios)",
              "| path | layer ms | floor ms | layer / floor | with a session token: layer ms | floor ms | "
              "layer / floor | Powertools ms | layer / Powertools |", "|---|---|---|---|---|---|---|---|---|"]
     for name, row in rows.items():
@@ -220,6 +221,16 @@ def ab(endpoint: str, tables: dict[str, str], revision: str, iterations: int, wa
                       "b_over_a": 1 - saved / 1000 / cpu["layer@base"], "saved_us_token": saved_token,
                       "b_over_a_token": 1 - saved_token / 1000 / cpu["layer+token@base"]}
     return rows
+
+
+def paired_ratio(a: list[int], b: list[int], batch: int = 10) -> float:
+    """A over B: the median over batches of A's batch median over B's, each pair run one after the other, so the
+    machine's drift over a run (its figures move by a tenth and more) cancels out."""
+    import statistics
+
+    ratios = [statistics.median(a[i:i + batch]) / statistics.median(b[i:i + batch])
+              for i in range(0, min(len(a), len(b)), batch)]
+    return statistics.median(ratios) if ratios else float("nan")
 
 
 def _paired(a: list[int], b: list[int], batch: int = 10) -> float:

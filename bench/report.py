@@ -540,12 +540,6 @@ def _within(value: float, limit: float, unit: str) -> str:
 def prose(summary: dict[str, Any]) -> list[str]:
     """The benchmark section's sentences on end-to-end CPU and init over TLS, from this run's figures."""
     found = []
-    for path, row in (summary.get("floor") or {}).items():  # bench/floor.py: plain http.client, the same requests
-        cpu = row["cpu_p50_ms"]
-        found.append(_target(
-            f"client CPU per {PATH_LABELS[path]} <= 1.3x the floor (plain http.client)", row["layer_over_floor"],
-            1.3, "x", f"{cpu['layer']:.3f} ms vs {cpu['floor']:.3f} ms (medians); with a session token "
-            f"{row['layer_over_floor_token']:.2f}x, {cpu['layer+token']:.3f} vs {cpu['floor+token']:.3f} ms"))
     e2e = summary.get("e2e")
     if e2e and not e2e.get("skipped"):
         added = e2e_added(e2e)

@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                 import floor
 
                 print("==> the floor: plain http.client sending the layer's own requests", file=sys.stderr)
-                results["floor"] = floor.measure(proxy.endpoint, tables, iterations, warmup, log,
+                results["floor"] = floor.measure(proxy.endpoint, tables, max(iterations, 1000), warmup, log,
                                                  lambda m: print(m, file=sys.stderr))
             if not args.no_init:
                 import initbench
