@@ -501,6 +501,11 @@ How it was measured, and where the systems differ:
   is idle again, divided by the invocations (utime + stime ticks only where schedstat is unavailable; kept in
   results.json as a cross-check); "added" is a function's figure minus the bare function's. Requests are
   counted by the proxy per batch.
+- The floor (bench/floor.py): plain `http.client` sending the requests the layer wrote for one event, captured
+  on its socket, with each event's key and order id put in, and the handler run when the claim is answered 200;
+  the floor signs nothing. Its rows run after the in-process part, on the layer, the floor and Powertools
+  interleaved, 1,000 invocations per path; ratios are the median of paired batches' ratios. The in-place table
+  (bench/profile_hot.py) wraps each part in a CPU timer while real invocations run; the glue is the rest.
 - The machine is shared and noisy: ratios within one run are what to read; absolute figures move between runs.
 """
 

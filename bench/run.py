@@ -4,16 +4,21 @@
 
 One run, one DynamoDB Local behind one counting proxy, the same events for every system:
   1. steady state in-process (bench/inprocess.py): wall, CPU, requests and bytes per invocation, per path;
+     1b. the floor (bench/floor.py): plain http.client sending the layer's own requests, with and without a
+     session token, and the layer's ratio to it (alone: `bench/run.py --only-floor`);
   2. init in fresh processes (bench/initbench.py): time and peak RSS to "ready for the first event", against
      the proxy over http and, through a TLS forwarder on loopback (bench/tls.py), over https;
   3. end to end under the Runtime Interface Emulator (bench/rie_bench.py): the function bare, with the layer and
      with Powertools;
-  4. where the layer's hot path spends its CPU (bench/profile_hot.py): parts timed alone, and cProfile;
+  4. where the layer's hot path spends its CPU (bench/profile_hot.py): parts timed in place, alone, and cProfile
+     (alone: `bench/run.py --only-profile`, the in-place table);
   5. what metrics cost: the layer's CPU per invocation with IDEMPOTENCY_METRICS=emf over without (`_metrics_cost`;
      alone: `bench/run.py --only-metrics-cost`);
   6. the Valkey store against Powertools' CachePersistenceLayer on one Valkey server (bench/valkey_bench.py;
      alone: `bench/run.py --only-valkey`);
   7. what a result kept in S3 costs against a small one (bench/large_bench.py; alone: `bench/run.py --only-large`).
+`bench/run.py --ab A..B` compares two revisions' layers (or the working tree's against A): CPU per invocation,
+interleaved, in eight rounds of fresh processes, the saving as the median of paired batches' differences.
 It reports; it asserts nothing about speed. Output: a table on stdout, bench/results.json, bench/ratios.png and
 bench/README-section.md, the benchmark section to paste into docs/performance.md below its introduction.
 """
