@@ -195,17 +195,10 @@ def _code(answer: bytes) -> str:
 def from_environment(name: str, prefix: str, *, connect_timeout: float, read_timeout: float) -> Bucket:
     """The bucket as the function's environment reaches it: AWS_REGION, the credentials Lambda sets, and
     AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL for a local S3; the CA bundle the DynamoDB client trusts."""
-    from .dynamodb.environment import ca_bundle
+    from .dynamodb.environment import ca_bundle, function_credentials
 
-    access, secret = os.environ.get("AWS_ACCESS_KEY_ID", ""), os.environ.get("AWS_SECRET_ACCESS_KEY", "")
-    token = os.environ.get("AWS_SESSION_TOKEN") or None
-    if not (access and secret):  # not Lambda's environment (the CLI): botocore's chain, a profile included
-        import botocore.session
-
-        found = botocore.session.get_session().get_credentials()
-        if found is not None:
-            frozen = found.get_frozen_credentials()
-            access, secret, token = frozen.access_key, frozen.secret_key, frozen.token
+    # Lambda's environment, else (the CLI) botocore's chain; with none, empty ones, which S3 refuses.
+    access, secret, token = function_credentials(os.environ) or ("", "", None)
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or ""
     return Bucket(name, prefix, region=region, credentials=(access, secret, token),

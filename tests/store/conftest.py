@@ -91,3 +91,17 @@ def sort_key_table(ddb_client, request):
     create_table(ddb_client, name, key_attr="pk", sort_key_attr="sk")
     yield name
     ddb_client.delete_table(TableName=name)
+
+
+@pytest.fixture
+def s3_bucket(moto):
+    """A new bucket on the module's moto S3 server, and a boto3 client of it: (name, client)."""
+    import time
+
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=moto.endpoint, region_name="us-east-1", aws_access_key_id="a",
+                          aws_secret_access_key="b")
+    name = f"results-{time.time_ns()}"
+    client.create_bucket(Bucket=name)
+    return name, client

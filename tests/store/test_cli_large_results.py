@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from typing import Any
 
 import pytest
@@ -20,13 +19,8 @@ from tests.store.test_cli_commands import cli_env, run
 
 
 @pytest.fixture
-def bucket(moto: Any) -> Any:
-    import boto3
-
-    client = boto3.client("s3", endpoint_url=moto.endpoint, region_name="us-east-1", aws_access_key_id="a",
-                          aws_secret_access_key="b")
-    name = f"results-{time.time_ns()}"
-    client.create_bucket(Bucket=name)
+def bucket(s3_bucket: Any, moto: Any) -> Any:
+    name, client = s3_bucket
     return name, moto.endpoint, client
 
 

@@ -22,13 +22,8 @@ CREDENTIALS = ("AKIDEXAMPLE", "secret", None)
 
 
 @pytest.fixture
-def bucket(moto: Any) -> Any:
-    import boto3
-
-    client = boto3.client("s3", endpoint_url=moto.endpoint, region_name="us-east-1", aws_access_key_id="a",
-                          aws_secret_access_key="b")
-    name = f"results-{time.time_ns()}"
-    client.create_bucket(Bucket=name)
+def bucket(s3_bucket: Any, moto: Any) -> Any:
+    name, client = s3_bucket
     return Bucket(name, "idempotency-results/", region="us-east-1", credentials=CREDENTIALS, connect_timeout=2,
                   read_timeout=10, endpoint=moto.endpoint), client
 

@@ -49,13 +49,18 @@ def attached_function(template: dict[str, Any], code: str) -> tuple[str, dict[st
     return name, fn, env
 
 
-def test_cfn_lint_passes() -> None:
-    # The console script beside this interpreter (the venv's), else whichever is on PATH.
+def cfn_lint(path: Path) -> None:
+    """cfn-lint finds nothing in `path`: the console script beside this interpreter (the venv's), else
+    whichever is on PATH."""
     beside = Path(sys.executable).with_name("cfn-lint")
-    cfn_lint = str(beside) if beside.exists() else shutil.which("cfn-lint")
-    assert cfn_lint, "cfn-lint not installed"
-    proc = subprocess.run([cfn_lint, str(TEMPLATE)], capture_output=True, text=True, cwd=ROOT)
+    found = str(beside) if beside.exists() else shutil.which("cfn-lint")
+    assert found, "cfn-lint not installed"
+    proc = subprocess.run([found, str(path)], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_cfn_lint_passes() -> None:
+    cfn_lint(TEMPLATE)
 
 
 @pytest.mark.parametrize("arch", ["x86_64", "arm64"])
@@ -179,11 +184,7 @@ def test_kafka_consumer_has_a_provisioned_mapping_reporting_batch_item_failures(
 
 def test_the_valkey_example_is_cfn_lint_clean_and_points_the_function_at_its_cluster() -> None:
     path = ROOT / "examples" / "valkey" / "template.yaml"
-    beside = Path(sys.executable).with_name("cfn-lint")
-    cfn_lint = str(beside) if beside.exists() else shutil.which("cfn-lint")
-    assert cfn_lint, "cfn-lint not installed"
-    proc = subprocess.run([cfn_lint, str(path)], capture_output=True, text=True, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cfn_lint(path)
     valkey = cfn_yaml.load(str(path))
     _, cluster = resource_of_type(valkey, "AWS::MemoryDB::Cluster")
     assert cluster["TLSEnabled"] is True and "ParameterGroupName" not in cluster  # the default: noeviction
@@ -200,11 +201,7 @@ def test_the_valkey_example_is_cfn_lint_clean_and_points_the_function_at_its_clu
 
 def test_the_large_results_example_has_the_lifecycle_rule_and_the_three_object_actions() -> None:
     path = ROOT / "examples" / "large-results" / "template.yaml"
-    beside = Path(sys.executable).with_name("cfn-lint")
-    cfn_lint = str(beside) if beside.exists() else shutil.which("cfn-lint")
-    assert cfn_lint, "cfn-lint not installed"
-    proc = subprocess.run([cfn_lint, str(path)], capture_output=True, text=True, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cfn_lint(path)
     large = cfn_yaml.load(str(path))
     _, s3 = resource_of_type(large, "AWS::S3::Bucket")
     (rule,) = s3["LifecycleConfiguration"]["Rules"]

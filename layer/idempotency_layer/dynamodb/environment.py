@@ -213,3 +213,18 @@ def _plain_url(url: str) -> str | None:
     if len(host) > 255 or not host.isascii() or not _HOST_NAME.fullmatch(host):
         return None
     return f"{parts.scheme}://{host}" + ("" if port is None else f":{port}")
+
+
+def function_credentials(environ: Mapping[str, str]) -> tuple[str, str, str | None] | None:
+    """The credentials to sign with outside the DynamoDB client (S3, a Valkey IAM token): the ones Lambda sets in
+    the environment, else botocore's chain (a profile: the operator CLI's case); None when there are none."""
+    access, secret = environ.get("AWS_ACCESS_KEY_ID"), environ.get("AWS_SECRET_ACCESS_KEY")
+    if access and secret:
+        return access, secret, environ.get("AWS_SESSION_TOKEN") or None
+    import botocore.session  # only off Lambda's plain environment
+
+    found = botocore.session.get_session().get_credentials()
+    if found is None:
+        return None
+    frozen = found.get_frozen_credentials()
+    return frozen.access_key, frozen.secret_key, frozen.token

@@ -113,13 +113,9 @@ def _parse(secret: str | None, value: Any) -> tuple[str | None, str]:
 
 def _credentials() -> tuple[str, str, str | None]:
     """The function's credentials: Lambda's environment, else botocore's chain."""
-    access, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
-    if access and secret:
-        return access, secret, os.environ.get("AWS_SESSION_TOKEN") or None
-    import botocore.session
+    from ..dynamodb.environment import function_credentials
 
-    found = botocore.session.get_session().get_credentials()
+    found = function_credentials(os.environ)
     if found is None:
         raise ValkeyError("IDEMPOTENCY_VALKEY_IAM: no AWS credentials to sign the token with", code="SECRET")
-    frozen = found.get_frozen_credentials()
-    return frozen.access_key, frozen.secret_key, frozen.token
+    return found
