@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import threading
 from collections import namedtuple
 from urllib.parse import quote, urlsplit
@@ -184,12 +185,14 @@ def _shut(conn: Any, fired: list[bool]) -> None:
 
 
 def _code(answer: bytes) -> str:
-    """S3's error code from its XML answer, or "?"."""
+    """S3's error code from its XML answer, or "?" (also for one that is no error code's name: a broken or hostile
+    peer's text, which errors and logs never quote)."""
     start = answer.find(b"<Code>")
     end = answer.find(b"</Code>", start)
     if start < 0 or end < 0:
         return "?"
-    return answer[start + 6:end][:64].decode("ascii", "replace")
+    code = answer[start + 6:end]
+    return code.decode("ascii") if re.fullmatch(rb"[A-Za-z0-9_.-]{1,64}", code) else "?"
 
 
 def from_environment(name: str, prefix: str, *, connect_timeout: float, read_timeout: float) -> Bucket:

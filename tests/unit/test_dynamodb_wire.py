@@ -235,3 +235,27 @@ def test_dynamodbs_own_message_is_kept_on_one_line_and_cut_short():
     assert error.message.startswith("bad  FAKE LOG LINE") and len(error.message) == 303
     short = orjson.dumps({"__type": PREFIX + "ResourceNotFoundException", "message": "Requested resource not found"})
     assert wire.answer_error("GetItem", 400, {}, short).message == "Requested resource not found"
+
+
+@pytest.mark.parametrize("code", [
+    "ValidationException\n[ERROR] forged line SECRET" + "z" * 2000,
+    "X\r\nSet-Cookie: m",
+    "Throttling Exception",
+    "",
+    "é",
+])
+def test_an_error_code_that_is_no_exceptions_name_is_the_status(code):
+    # A hostile review's broken endpoint put lines of its own, and body content, in `__type`: it reached errors
+    # and logs uncut. A code that is no exception's name is not passed on.
+    body = orjson.dumps({"__type": PREFIX + code, "message": "short"})
+    error = wire.answer_error("PutItem", 400, {}, body)
+    assert error.code == "400" and error.message == "short" and not error.uncertain
+    assert "SECRET" not in str(error) and "\n" not in str(error) and "Cookie" not in str(error)
+
+
+@pytest.mark.parametrize("message", [{"Item": {"result": {"S": "SECRET-RESULT"}}}, ["SECRET-RESULT"], 7, None])
+def test_a_message_that_is_not_text_is_not_shown(message):
+    body = orjson.dumps({"__type": PREFIX + "ValidationException", "message": message})
+    error = wire.answer_error("PutItem", 400, {}, body)
+    assert error.code == "ValidationException"
+    assert error.message == "a message that is not text (not shown)" and "SECRET" not in str(error)

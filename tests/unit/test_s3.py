@@ -41,3 +41,11 @@ def test_an_s3_request_is_signed_as_botocore_signs_it(key: str, body: bytes, tok
         botocore.auth.S3SigV4Auth(Credentials("AKIDEXAMPLE", "secret/key+1", token), "s3", "eu-west-1").add_auth(
             request)
     assert ours["Authorization"] == request.headers["Authorization"]
+
+
+def test_an_s3_error_code_that_is_no_codes_name_is_not_quoted() -> None:
+    from idempotency_layer.s3 import _code
+
+    assert _code(b"<Error><Code>NoSuchKey</Code></Error>") == "NoSuchKey"
+    for hostile in (b"X\n[ERROR] forged SECRET", b"A B", b"", b"x" * 65, b"\xc3\xa9"):
+        assert _code(b"<Error><Code>" + hostile + b"</Code></Error>") == "?"

@@ -2,13 +2,15 @@
 
 Pure functions of bytes, no I/O: `encode_body` makes a request's body, `answer_error` reads an answer that is
 not a success into the `DynamoDBError` it stands for (CRC32 checked first: a damaged answer is not parsed),
-and `decode_answer` reads a success. Error codes and messages are what botocore's JSON parser gives, and no
-message quotes a body (it may hold a stored result).
+and `decode_answer` reads a success. Error codes and messages are what botocore's JSON parser gives, but that no
+message quotes a body (it may hold a stored result): a code that is no exception's name gives the status instead,
+a message that is not text is not shown, and a message is kept to one line of at most 300 characters.
 """
 
 from __future__ import annotations
 
 import base64
+import re
 import zlib
 from collections.abc import Mapping
 
@@ -133,10 +135,15 @@ def _error_fields(status: int, body: bytes) -> tuple[str, str, dict | None]:
         code = code.split(":", 1)[0]
     if "#" in code:
         code = code.rsplit("#", 1)[1]
-    return code, _clean(message if isinstance(message, str) else str(message)), exact
+    if not _CODE.fullmatch(code):  # no AWS error code looks so: it may carry anything, and is not passed on
+        code = str(status)
+    # A message that is not text (an object, a list) may quote anything, a stored result included.
+    return code, _clean(message) if isinstance(message, str) else _NOT_TEXT, exact
 
 
 _MESSAGE_CHARS = 300
+_CODE = re.compile(r"[A-Za-z0-9_.-]{1,128}")  # what an error code (an exception's name) is made of
+_NOT_TEXT = "a message that is not text (not shown)"
 
 
 def _clean(message: str) -> str:
