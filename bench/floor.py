@@ -129,11 +129,13 @@ class Floor:
 def measure(endpoint: str, tables: dict[str, str], iterations: int, warmup: int, log_path: Path,
             progress: Any = print, warm: int = 0) -> dict[str, Any]:
     """Per path: each system's CPU median, and the layer's ratios to the floor and to Powertools. `warm`: see
-    inprocess.interleave (run.py's full run has warmed DynamoDB Local already)."""
-    from inprocess import Path_, interleave  # the parent's (the workers import this module without tests/)
+    inprocess.warm_up (run.py's full run has warmed DynamoDB Local already)."""
+    from inprocess import Path_, interleave, started, warm_up  # the parent's (workers import this without tests/)
 
     paths = (Path_("first", "floor", systems=FLOOR_SYSTEMS), Path_("replay", "floor", systems=FLOOR_SYSTEMS))
-    samples = interleave(endpoint, tables, paths, iterations, warmup, log_path, progress, warm=warm)
+    with started(FLOOR_SYSTEMS, tables, endpoint, log_path) as workers:
+        warm_up(workers, FLOOR_SYSTEMS, "warm-floor", warm)
+        samples = interleave(workers, paths, iterations, warmup, progress)
     rows: dict[str, Any] = {}
     for path in paths:
         cpu = {s: median_ms(samples[path.name][s].cpu_ns) for s in path.systems}
@@ -151,16 +153,16 @@ def measure(endpoint: str, tables: dict[str, str], iterations: int, warmup: int,
 
 
 def render(rows: dict[str, Any]) -> str:
-    lines = ["", "The floor: CPU per invocation against plain http.client sending the layer's own requests "
-             "(medians, in-process, interleaved; ratios: the median of paired batches' ratios)",
-             "| path | layer ms | floor ms | layer / floor | with a session token: layer ms | floor ms | "
-             "layer / floor | Powertools ms | layer / Powertools |", "|---|---|---|---|---|---|---|---|---|"]
-    for name, row in rows.items():
-        cpu = row["cpu_p50_ms"]
-        lines.append(f"| {name} | {cpu['layer']:.3f} | {cpu['floor']:.3f} | {row['layer_over_floor']:.2f} | "
-                     f"{cpu['layer+token']:.3f} | {cpu['floor+token']:.3f} | {row['layer_over_floor_token']:.2f} | "
-                     f"{cpu['powertools']:.3f} | {row['layer_over_powertools']:.2f} |")
-    return "\n".join(lines)
+    from report import _table
+
+    header = ["path", "layer ms", "floor ms", "layer / floor", "with a session token: layer ms", "floor ms",
+              "layer / floor", "Powertools ms", "layer / Powertools"]
+    lines = [[name, f"{cpu['layer']:.3f}", f"{cpu['floor']:.3f}", f"{row['layer_over_floor']:.2f}",
+              f"{cpu['layer+token']:.3f}", f"{cpu['floor+token']:.3f}", f"{row['layer_over_floor_token']:.2f}",
+              f"{cpu['powertools']:.3f}", f"{row['layer_over_powertools']:.2f}"]
+             for name, row in rows.items() for cpu in (row["cpu_p50_ms"],)]
+    return ("\nThe floor: CPU per invocation against plain http.client sending the layer's own requests (medians, "
+            "in-process, interleaved; ratios: the median of paired batches' ratios)\n" + _table(header, lines, True))
 
 
 # -- A/B: the layer against another revision's ---------------------------------------------------------------
@@ -186,7 +188,7 @@ def ab(endpoint: str, tables: dict[str, str], revision: str, iterations: int, wa
     In `rounds` rounds, each with new worker processes and keys: a process's own luck (where its memory lies)
     moves its figures by a few percent for its whole life, so one pair of processes would measure that too."""
     from common import base_env
-    from inprocess import Path_, Samples, interleave
+    from inprocess import Path_, Samples, interleave, started, warm_up
 
     systems = ("layer@base", "layer", "layer+token@base", "layer+token")
     names = ("first", "replay")
@@ -205,9 +207,11 @@ def ab(endpoint: str, tables: dict[str, str], revision: str, iterations: int, wa
                 env[system]["PYTHONPATH"] = os.pathsep.join([python_path[0], str(source)])
         for number in range(rounds):
             paths = tuple(Path_(name, f"ab{number}", systems=systems) for name in names)
-            samples = interleave(endpoint, tables, paths, -(-iterations // rounds), warmup, log_path,
-                                 lambda m, n=number: progress(f"  round {n + 1} of {rounds}:{m[1:]}"), env,
-                                 warm=500 if number == 0 else 0)
+            with started(systems, tables, endpoint, log_path, env) as workers:
+                if number == 0:
+                    warm_up(workers, systems, "warm-ab", 500)
+                samples = interleave(workers, paths, -(-iterations // rounds), warmup,
+                                     lambda m, n=number: progress(f"  round {n + 1} of {rounds}:{m[1:]}"))
             for name in names:
                 for system in systems:
                     pooled[name][system].cpu_ns += samples[name][system].cpu_ns
@@ -223,35 +227,40 @@ def ab(endpoint: str, tables: dict[str, str], revision: str, iterations: int, wa
     return rows
 
 
-def paired_ratio(a: list[int], b: list[int], batch: int = 10) -> float:
-    """A over B: the median over batches of A's batch median over B's, each pair run one after the other, so the
+def _batch_medians(a: list[int], b: list[int], batch: int = 10) -> list[tuple[float, float]]:
+    """(A's median, B's median) of each pair of batches, run one after the other: compared pair by pair, the
     machine's drift over a run (its figures move by a tenth and more) cancels out."""
     import statistics
 
-    ratios = [statistics.median(a[i:i + batch]) / statistics.median(b[i:i + batch])
-              for i in range(0, min(len(a), len(b)), batch)]
+    return [(statistics.median(a[i:i + batch]), statistics.median(b[i:i + batch]))
+            for i in range(0, min(len(a), len(b)), batch)]
+
+
+def paired_ratio(a: list[int], b: list[int]) -> float:
+    """A over B: the median of paired batches' ratios."""
+    import statistics
+
+    ratios = [x / y for x, y in _batch_medians(a, b)]
     return statistics.median(ratios) if ratios else float("nan")
 
 
-def _paired(a: list[int], b: list[int], batch: int = 10) -> float:
-    """What B saves on A, in microseconds: the median over batches of A's batch median less B's, each pair of
-    batches run one after the other (so a drift of the machine over minutes cancels out)."""
+def _paired(a: list[int], b: list[int]) -> float:
+    """What B saves on A, in microseconds: the median of paired batches' differences."""
     import statistics
 
-    differences = [statistics.median(a[i:i + batch]) - statistics.median(b[i:i + batch])
-                   for i in range(0, min(len(a), len(b)), batch)]
+    differences = [x - y for x, y in _batch_medians(a, b)]
     return statistics.median(differences) / 1000 if differences else float("nan")
 
 
 def render_ab(revision: str, rows: dict[str, Any]) -> str:
+    from report import _table
+
     base, _, other = revision.partition("..")
-    lines = ["", f"A/B: {other or 'this tree'} (B) against {base} (A), CPU per invocation (medians, in-process, "
-             "interleaved, eight rounds of fresh processes; saved: the median of paired batches' differences)",
-             "| path | A ms | B ms | saved us | B / A | with a token: A ms | B ms | saved us | B / A |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for name, row in rows.items():
-        cpu = row["cpu_p50_ms"]
-        lines.append(f"| {name} | {cpu['layer@base']:.3f} | {cpu['layer']:.3f} | {row['saved_us']:.1f} | "
-                     f"{row['b_over_a']:.3f} | {cpu['layer+token@base']:.3f} | {cpu['layer+token']:.3f} | "
-                     f"{row['saved_us_token']:.1f} | {row['b_over_a_token']:.3f} |")
-    return "\n".join(lines)
+    header = ["path", "A ms", "B ms", "saved us", "B / A", "with a token: A ms", "B ms", "saved us", "B / A"]
+    lines = [[name, f"{cpu['layer@base']:.3f}", f"{cpu['layer']:.3f}", f"{row['saved_us']:.1f}",
+              f"{row['b_over_a']:.3f}", f"{cpu['layer+token@base']:.3f}", f"{cpu['layer+token']:.3f}",
+              f"{row['saved_us_token']:.1f}", f"{row['b_over_a_token']:.3f}"]
+             for name, row in rows.items() for cpu in (row["cpu_p50_ms"],)]
+    return (f"\nA/B: {other or 'this tree'} (B) against {base} (A), CPU per invocation (medians, in-process, "
+            "interleaved, eight rounds of fresh processes; saved: the median of paired batches' differences)\n"
+            + _table(header, lines, True))

@@ -2,8 +2,9 @@
 
 Only one worker runs at a time (the machine has two shared cores, and DynamoDB Local and the proxy need
 them too). Each batch goes to every system in turn, the order rotated per batch, so drift in the machine's
-load spreads over all systems alike. The counting proxy is reset before each batch and read after it, so its
-counts belong to that batch's system alone.
+load spreads over all systems alike (`interleave`, which the floor, the A/B, the metrics' cost and the Valkey rows
+run too). The counting proxy is reset before each batch and read after it, so its counts belong to that batch's
+system alone.
 
 The SQS rows invoke SQS batches (each invocation one batch of SQS_BATCH messages) on their own two workers:
 an unmodified consumer under the layer, and Powertools' batch processor with idempotent_function per record.
@@ -14,8 +15,10 @@ A worker that finds a record's work ran other than once stops the bench (Runtime
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -116,80 +119,80 @@ class Worker:
                 self.process.wait()
 
 
+@contextlib.contextmanager
+def started(systems: Iterable[str], tables: dict[str, str], endpoint: str, log_path: Path,
+            env: dict[str, dict[str, str]] | None = None) -> Iterator[dict[str, Worker]]:
+    """A worker per system (`tables`: its table, or the Valkey server's URL; `env`: what to change in a system's
+    environment), every one started closed at the end."""
+    with open(log_path, "ab") as log:
+        workers: dict[str, Worker] = {}
+        try:
+            for system in systems:
+                workers[system] = Worker(system, tables[system], endpoint, log, (env or {}).get(system))
+            yield workers
+        finally:
+            for worker in workers.values():
+                worker.close()
+
+
+def warm_up(workers: dict[str, Worker], systems: Iterable[str], namespace: str, events: int, batch: int = 10) -> None:
+    """First executions, then replays, of `events` keys per system, unmeasured: DynamoDB Local is a JVM whose JIT
+    settles on the requests it is sent."""
+    for name in ("first", "replay"):
+        for start in range(0, events, batch):
+            for system in systems:
+                workers[system].run(Path_(name, namespace), start, batch)
+
+
+def interleave(workers: dict[str, Worker], paths: Iterable[Path_], iterations: int, warmup: int, progress: Any,
+               batch: int = 10, proxy: Any = None,
+               count: Callable[[Samples, Any], None] | None = None) -> dict[str, dict[str, Samples]]:
+    """path -> system -> samples, over `iterations` measured invocations after `warmup` unmeasured ones (whole
+    batches, so no batch's counts mix both): each batch of `batch` events goes to every system of the path in
+    turn, the order rotated per batch. A path with `prime` runs each batch once, unmeasured, just before it.
+    `proxy` is reset before each run and, after a measured one, read by `count(samples, proxy)`, so its counts
+    belong to that run's system alone."""
+    warmup = -(-warmup // batch) * batch
+    total = warmup + iterations
+    samples = {p.name: {s: Samples() for s in p.systems} for p in paths}
+    for path in paths:
+        progress(f"  {path.name}: {', '.join(path.systems)}")
+        for number, start in enumerate(range(0, total, batch)):
+            n = min(batch, total - start)
+            turn = number % len(path.systems)
+            for system in path.systems[turn:] + path.systems[:turn]:
+                worker = workers[system]
+                if path.prime:
+                    worker.run(path, start, n)
+                if proxy is not None:
+                    proxy.reset()
+                answer = worker.run(path, start, n)
+                if start < warmup:
+                    continue
+                row = samples[path.name][system]
+                row.wall_ns += answer["wall"]
+                row.cpu_ns += answer["cpu"]
+                row.runs += answer["runs"]
+                row.wrong += answer["wrong"]
+                if count is not None:
+                    count(row, proxy)
+    return samples
+
+
+def _requests(row: Samples, proxy: CountingProxy) -> None:
+    requests, sent = proxy.snapshot()
+    for op, number in requests.items():
+        row.requests[op] = row.requests.get(op, 0) + number
+    row.bytes_sent += sent
+
+
 def measure(
     proxy: CountingProxy, tables: dict[str, str], iterations: int, warmup: int, batch: int, log_path: Path,
     progress: Any = print,
 ) -> dict[str, dict[str, Samples]]:
-    """path -> system -> samples, over `iterations` measured invocations after `warmup` unmeasured ones."""
-    warmup = -(-warmup // batch) * batch  # whole batches, so no batch's request counts mix both
-    results: dict[str, dict[str, Samples]] = {p.name: {s: Samples() for s in p.systems} for p in PATHS}
-    with open(log_path, "ab") as log:
-        used = dict.fromkeys(s for p in PATHS for s in p.systems)
-        workers = {s: Worker(s, tables[s], proxy.endpoint, log) for s in used}
-        try:
-            # DynamoDB Local is a JVM: let its JIT settle on these requests before anything is measured.
-            for warm in (Path_("warm", "warm"), Path_("warm", "warm", prime=True)):
-                for start in range(0, 5 * warmup, batch):
-                    for system in MAIN:
-                        workers[system].run(warm, start, batch)
-            for path in PATHS:
-                progress(f"  {path.name}: {', '.join(path.systems)}")
-                total = warmup + iterations
-                for number, start in enumerate(range(0, total, batch)):
-                    n = min(batch, total - start)
-                    turn = number % len(path.systems)
-                    for system in path.systems[turn:] + path.systems[:turn]:
-                        worker = workers[system]
-                        if path.prime:
-                            worker.run(path, start, n)
-                        proxy.reset()
-                        answer = worker.run(path, start, n)
-                        requests, sent = proxy.snapshot()
-                        if start < warmup:
-                            continue
-                        samples = results[path.name][system]
-                        samples.wall_ns += answer["wall"]
-                        samples.cpu_ns += answer["cpu"]
-                        for op, count in requests.items():
-                            samples.requests[op] = samples.requests.get(op, 0) + count
-                        samples.bytes_sent += sent
-                        samples.runs += answer["runs"]
-                        samples.wrong += answer["wrong"]
-        finally:
-            for worker in workers.values():
-                worker.close()
-    return results
-
-
-def interleave(endpoint: str, tables: dict[str, str], paths: tuple[Path_, ...], iterations: int, warmup: int,
-                log_path: Path, progress: Any, env: dict[str, dict[str, str]] | None = None,
-                batch: int = 10, warm: int = 0) -> dict[str, dict[str, Samples]]:
-    """path -> system -> samples: each batch of `batch` events to every system in turn, the order rotated.
-    `warm`: first executions and replays each system runs, unmeasured, before the paths (DynamoDB Local is a JVM
-    whose JIT settles on the requests it is sent)."""
-    systems = tuple(dict.fromkeys(s for p in paths for s in p.systems))
-    samples = {p.name: {s: Samples() for s in p.systems} for p in paths}
-    warmup = -(-warmup // batch) * batch
-    with open(log_path, "ab") as log:
-        workers = {s: Worker(s, tables[s], endpoint, log, (env or {}).get(s)) for s in systems}
-        try:
-            for start in range(0, warm, batch):
-                for system in systems:
-                    for name in ("first", "replay"):
-                        workers[system].run(Path_(name, "warm-" + paths[0].namespace), start, batch)
-            for path in paths:
-                progress(f"  {path.name}: {', '.join(path.systems)}")
-                total = warmup + iterations
-                for number, start in enumerate(range(0, total, batch)):
-                    turn = number % len(path.systems)
-                    for system in path.systems[turn:] + path.systems[:turn]:
-                        answer = workers[system].run(path, start, min(batch, total - start))
-                        if start >= warmup:
-                            row = samples[path.name][system]
-                            row.cpu_ns += answer["cpu"]
-                            row.runs += answer["runs"]
-                            row.wrong += answer["wrong"]
-        finally:
-            for worker in workers.values():
-                worker.close()
-    return samples
+    """path -> system -> samples, over `iterations` measured invocations after `warmup` unmeasured ones, each
+    run's requests and bytes counted by the proxy."""
+    used = dict.fromkeys(s for p in PATHS for s in p.systems)
+    with started(used, tables, proxy.endpoint, log_path) as workers:
+        warm_up(workers, MAIN, "warm", 5 * -(-warmup // batch) * batch, batch)
+        return interleave(workers, PATHS, iterations, warmup, progress, batch, proxy, _requests)

