@@ -261,7 +261,7 @@ def _alive(connection: _Connection) -> bool:
         # poll, not select: select refuses descriptors past FD_SETSIZE (1024), which a process holding many
         # files reaches, and every idle connection would then look dead. One poll object a connection.
         return not connection.poller.poll(0)
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError):
         return False
 
 
