@@ -120,11 +120,14 @@ def _field(name: str, variable: str) -> Callable[[Any], Any]:
         except AttributeError:
             return None
         except Exception as error:  # as _compile's: a failure to apply it is the event's
-            raise IdempotencyKeyError(
-                f"{variable}={name!r} could not be applied to the event: {_describe(error)}"
-            ) from None
+            raise _not_applied(variable, name, error) from None
 
     return select
+
+
+def _not_applied(variable: str, expression: str, error: Exception) -> IdempotencyKeyError:
+    """Every failure to apply an expression is the event's, and is named the same way (without its content)."""
+    return IdempotencyKeyError(f"{variable}={expression!r} could not be applied to the event: {_describe(error)}")
 
 
 def _compile(expression: str, variable: str = "IDEMPOTENCY_KEY_JMESPATH") -> Callable[[Any], Any]:
@@ -175,10 +178,8 @@ def _compile(expression: str, variable: str = "IDEMPOTENCY_KEY_JMESPATH") -> Cal
     def select(event: Any) -> Any:
         try:
             return parsed.search(event, options=options)
-        except Exception as error:  # every failure to apply it is the event's, and is named the same way
-            raise IdempotencyKeyError(
-                f"{variable}={expression!r} could not be applied to the event: {_describe(error)}"
-            ) from None
+        except Exception as error:
+            raise _not_applied(variable, expression, error) from None
 
     return select
 

@@ -611,6 +611,10 @@ class Pool:
         return SendError("ReadTimeoutError", f'Read timeout on endpoint URL: "{self._url}"', sent)
 
 
+def _unfold(value: str) -> str:
+    return (_FOLD.sub(" ", value) if "\n" in value else value).strip()
+
+
 class Headers(Mapping):
     """An answer's headers, read when asked for (most answers are asked for one, `x-amz-crc32`): names in any
     case, a repeated header's values joined with ", ", a folded value (obs-fold) unfolded with a space."""
@@ -631,9 +635,8 @@ class Headers(Mapping):
         if not values:
             return default
         if len(values) == 1:  # most are: the value alone, without a join
-            value = values[0]
-            return (_FOLD.sub(" ", value) if "\n" in value else value).strip()
-        return ", ".join((_FOLD.sub(" ", value) if "\n" in value else value).strip() for value in values)
+            return _unfold(values[0])
+        return ", ".join(_unfold(value) for value in values)
 
     def __iter__(self) -> Iterator[str]:
         return iter(dict.fromkeys(name.lower() for name in self._message))
