@@ -140,6 +140,8 @@ def client_problem(error: BaseException, env: Mapping[str, str]) -> str | None:
         endpoint = env.get("AWS_ENDPOINT_URL_DYNAMODB") or env.get("AWS_ENDPOINT_URL") or ""
         return (f"the DynamoDB endpoint {endpoint!r} is not an http:// or https:// URL: give it with its scheme "
                 "(--endpoint-url http://localhost:8000, https://dynamodb.eu-west-1.amazonaws.com)")
+    if isinstance(error, ValueError) and str(error).startswith("the endpoint URL"):
+        return f"the DynamoDB endpoint: {error}"
     return None
 
 

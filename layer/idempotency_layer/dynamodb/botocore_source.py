@@ -10,6 +10,7 @@ through the same client and attempt loop as the plain case's. Imported only when
 from __future__ import annotations
 
 import os
+from urllib.parse import urlsplit
 
 from .target import Credentials, Target
 
@@ -50,8 +51,10 @@ def sent_to(client: Any) -> str:
     finally:
         client.meta.events.unregister(event, unique_id="idempotency-layer-endpoint")
     url = seen[0]
-    # The request's URL is the endpoint and the operation's path ("/"): the endpoint is the URL without it.
-    return url[:-1] if url.endswith("/") else url
+    # The request's URL is the endpoint joined with the operation's path ("/"): botocore keeps an endpoint's own
+    # path as it is (a trailing slash too) and gives one without a path "/". Only that "/" is cut, so the endpoint
+    # prints as configured; the client posts to "/" for it, and to the path as it is for every other.
+    return url[:-1] if url.endswith("/") and urlsplit(url).path == "/" else url
 
 
 def from_botocore(session: Session | None = None) -> Target:

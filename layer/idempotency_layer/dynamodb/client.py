@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import random as _random
 import time
+from urllib.parse import urlsplit
 
 from ..deadline import Deadline, within
 from . import wire
@@ -28,7 +29,7 @@ from .environment import unsendable
 from .errors import DEADLINE, DynamoDBError, out_of_time
 from .retry import Retry
 from .sigv4 import Signer
-from .target import Credentials, Target
+from .target import Credentials, Target, request_target
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
@@ -55,9 +56,9 @@ class Client:
         self.target = target
         self.region = target.region
         self.endpoint = target.endpoint
-        scheme, _, rest = target.endpoint.partition("://")
-        netloc, slash, path = rest.partition("/")
-        self._path = "/" + path if slash else "/"
+        parts = urlsplit(target.endpoint)
+        scheme, netloc = parts.scheme, parts.netloc
+        self._request = request_target(target.endpoint)
         # Host as botocore signs it: no default port.
         default = ":443" if scheme.lower() == "https" else ":80"
         self._host = netloc[: -len(default)] if netloc.endswith(default) else netloc
@@ -126,7 +127,8 @@ class Client:
                     raise out_of_time(operation, uncertain)
                 left = cut
             budget.attempt(left)
-            headers = self._signer(operation, left).sign(base, body, path=self._path)  # a fresh X-Amz-Date
+            headers = self._signer(operation, left).sign(base, body, path=self._request.signed_path,
+                                                         query=self._request.signed_query)  # a fresh X-Amz-Date
             headers["User-Agent"] = "idempotency-layer md/transport#lean"
             headers["Accept-Encoding"] = "identity"  # no compressed answer: the CRC32 is of the body as sent
             answer_headers = None

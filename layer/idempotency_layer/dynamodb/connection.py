@@ -46,6 +46,8 @@ from collections import namedtuple
 from collections.abc import Iterator, Mapping
 from urllib.parse import unquote, urlsplit
 
+from .target import request_target
+
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
     from typing import Any, NamedTuple
@@ -297,19 +299,19 @@ class Pool:
 
     def __init__(self, endpoint: str, *, connect_timeout: float, read_timeout: float,
                  cafile: str | None = None, proxy: str | None = None, tcp_keepalive: bool = False) -> None:
-        """endpoint: scheme://host[:port][/path] (http or https; IPv6 literal hosts in brackets allowed).
-        Requests POST to the path, "/" when none. cafile: for https, the CA bundle (None: OpenSSL defaults,
+        """endpoint: scheme://host[:port][/path][?query] (http or https; IPv6 literal hosts in brackets allowed).
+        Requests POST to its `target.request_target`. cafile: for https, the CA bundle (None: OpenSSL defaults,
         as tls_context does). proxy: an http:// proxy URL, possibly with user:password@ (Basic
         Proxy-Authorization), or None."""
         parts = urlsplit(endpoint)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("the endpoint must be an http:// or https:// URL with a host")
-        if parts.username is not None or parts.query or parts.fragment:
-            raise ValueError("the endpoint URL must hold no user, query or fragment")
+        if parts.username is not None:
+            raise ValueError("the endpoint URL must hold no user")
         self._https = parts.scheme == "https"
         self._host = parts.hostname  # without brackets: what is connected to, and TLS's server name
         self._port = parts.port or (443 if self._https else 80)
-        self._target = parts.path or "/"
+        self._target = request_target(endpoint).wire  # as botocore sends it: path and query, encoded as urllib3 does
         self._netloc = parts.netloc
         self._url = f"{parts.scheme}://{parts.netloc}{self._target}"
         self._connect_timeout = connect_timeout
