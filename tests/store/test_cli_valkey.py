@@ -98,6 +98,21 @@ def test_doctor_passes_on_a_good_server_and_never_shows_the_password(server: Ser
     assert left == []  # the probe key released
 
 
+def test_doctor_names_select_for_an_acl_user_without_it(server: Server) -> None:
+    from tests.store.test_valkey_store import ACL
+
+    server.command("ACL", "SETUSER", "orders-db", "reset", "on", f">{PASSWORD}", *ACL.split())
+    try:
+        done = run(cli_env(f"redis://orders-db:{PASSWORD}@127.0.0.1:{server.port}/2"), "doctor")
+        assert done.returncode == 1
+        failed = [line for line in done.stdout.splitlines() if line.startswith("FAIL server:")]
+        assert len(failed) == 1 and "refused the user SELECT 2 (the database the URL names)" in failed[0], done.stdout
+        assert "grant the user +select too" in done.stdout and "INFO or CLUSTER SLOTS" not in done.stdout
+        assert run(cli_env(f"redis://orders-db:{PASSWORD}@127.0.0.1:{server.port}"), "doctor").returncode == 0
+    finally:
+        server.command("ACL", "DELUSER", "orders-db")
+
+
 def test_doctor_fails_an_evicting_server_and_one_that_does_not_answer() -> None:
     lossy = Server("redis7", policy="volatile-lru").start()
     try:

@@ -22,7 +22,7 @@ from idempotency_layer.errors import IdempotencyConfigurationError, IdempotencyP
 from idempotency_layer.invocation import Invocation
 from idempotency_layer.valkey_store.client import Client
 from idempotency_layer.valkey_store.store import CLEANUP_MARGIN_S, ValkeyStore
-from tests.support.resp_proxy import CUT, DELAY, DROP, STALL, RespProxy
+from tests.support.resp_proxy import CUT, DELAY, DROP, REPLACE, STALL, RespProxy
 from tests.support.valkey_server import KINDS, Cluster, Server
 
 LONG = 60_000
@@ -168,6 +168,50 @@ def test_a_lost_claim_answer_with_no_attempt_left_is_withdrawn(server: Server, p
     assert handler.calls == 0 and raw(server, "fn#order") == {}  # withdrawn under our owner: the key is free
     cycle.run(Invocation(LONG), "fn#order", handler)
     assert handler.calls == 1
+
+
+# Answers no script of the layer's gives, each after the command ran on the server (issue 42: arrays 20,000 deep
+# escaped as a bare RecursionError and left the claim that ran behind).
+BROKEN_ANSWERS = {
+    "nested 20,000 deep": b"*1\r\n" * 20_000 + b":0\r\n",
+    "nested 9 deep": b"*1\r\n" * 9 + b":0\r\n",
+    "a status": b"+OK\r\n",
+    "an odd array": b"*1\r\n$1\r\ns\r\n",
+    "a number that is none": b":zero\r\n",
+    "an unknown type": b"!3\r\nabc\r\n",
+    "a negative length": b"$-7\r\n",
+}
+
+
+@pytest.mark.parametrize("broken", list(BROKEN_ANSWERS))
+def test_a_claim_answered_out_of_protocol_is_uncertain_and_withdrawn(server: Server, proxy: RespProxy,
+                                                                      broken: str) -> None:
+    cycle = Cycle(make(proxy.port, attempts=1), ttl_seconds=3600)
+    handler = Handler()
+    cycle.run(Invocation(LONG), "fn#warm", Handler())
+    proxy.replacement = BROKEN_ANSWERS[broken]
+    proxy.script("EVALSHA", REPLACE)  # the claim ran on the server; its answer is replaced
+    with pytest.raises(IdempotencyPersistenceLayerError) as failed:
+        cycle.run(Invocation(LONG), "fn#order", handler)
+    assert failed.value.uncertain and handler.calls == 0
+    assert raw(server, "fn#order") == {}  # withdrawn under our owner: the key is free
+    assert proxy.commands["EVALSHA"] == 4  # warm claim and completion, the claim, its withdrawal
+    cycle.run(Invocation(LONG), "fn#order", handler)
+    assert handler.calls == 1
+
+
+@pytest.mark.parametrize("broken", [b"+OK\r\n", b":7\r\n", b"$1\r\n1\r\n"])
+def test_a_completion_answered_out_of_protocol_is_not_taken_for_landed(server: Server, proxy: RespProxy,
+                                                                        broken: bytes) -> None:
+    store = make(proxy.port, attempts=1)
+    now = time.time()
+    assert store.claim("fn#c", "me", now, int(now * 1000) + 5000, int(now) + 3600) is None
+    proxy.replacement = broken
+    proxy.script("EVALSHA", REPLACE)
+    with pytest.raises(IdempotencyPersistenceLayerError, match="never answers; it may have run") as failed:
+        store.complete("fn#c", "me", codec.Encoded("json", "1"), int(now) + 3600)
+    assert failed.value.uncertain
+    assert store.complete("fn#c", "me", codec.Encoded("json", "1"), int(now) + 3600)  # sent again: it lands
 
 
 def test_a_server_that_answers_past_the_deadline_gives_up_by_it(server: Server, proxy: RespProxy) -> None:
@@ -382,6 +426,45 @@ def test_the_documented_acl_is_all_the_layer_needs_and_less_is_refused_as_denied
         assert raised.value.denied and raw(server, "orders#noexp") == {}  # nothing left without an expiry
     finally:
         server.command("ACL", "DELUSER", "orders-acl", "orders-less", "orders-noexp")
+
+
+def test_a_database_in_the_url_needs_select_and_init_says_so(server: Server) -> None:
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "valkey.md").read_text()
+    assert "add `+select`" in docs and "refused the user SELECT 2, the database the URL names" in docs
+    server.command("ACL", "SETUSER", "orders-db", "reset", "on", ">acl-password-1", *ACL.split())
+    server.command("ACL", "SETUSER", "orders-db-select", "reset", "on", ">acl-password-1", *ACL.split(), "+select")
+
+    def store(user: str) -> ValkeyStore:
+        url = Valkey(tls=False, host="127.0.0.1", port=server.port, db=2, username=user, password="acl-password-1")
+        return ValkeyStore(Client(url, connect_timeout=1, read_timeout=5, max_attempts=2))
+
+    try:
+        with pytest.raises(IdempotencyConfigurationError,
+                           match=r"refused the user SELECT 2, the database the URL names: give the ACL user "
+                                 r"\+select too") as refused:
+            store("orders-db").verify(Deadline.after(5))
+        assert "INFO" not in str(refused.value).split("(", 1)[0]  # not blamed on INFO / CLUSTER SLOTS
+        with pytest.raises(IdempotencyPersistenceLayerError, match=r"\(SELECT\)") as denied:
+            Cycle(store("orders-db"), ttl_seconds=3600).run(Invocation(LONG), "orders#db", Handler())
+        assert denied.value.denied and denied.value.permanent
+        granted = store("orders-db-select")
+        granted.verify(Deadline.after(5))
+        handler = Handler()
+        for _ in range(2):
+            Cycle(granted, ttl_seconds=3600).run(Invocation(LONG), "orders#db", handler)
+        assert handler.calls == 1 and raw(server, "orders#db") == {}  # not in database 0
+        import valkey
+
+        in_two = valkey.Valkey(host="127.0.0.1", port=server.port, db=2)
+        try:
+            assert in_two.hget("orders#db", "s") == b"COMPLETED"
+            in_two.delete("orders#db")
+        finally:
+            in_two.close()
+    finally:
+        server.command("ACL", "DELUSER", "orders-db", "orders-db-select")
 
 
 def test_a_user_without_a_password_is_that_user(server: Server) -> None:

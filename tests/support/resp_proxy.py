@@ -7,6 +7,7 @@ unless a scripted fault for that command says otherwise:
     DROP     forward (it runs), then close the client's connection instead of answering
     STALL    forward (it runs), then never answer: the connection stays open and silent
     DELAY    forward, then answer after `delay` seconds
+    REPLACE  forward (it runs), then answer `replacement` (bytes) instead of the server's answer
 
 `flights` counts the client's round trips: a run of commands read before the proxy answered any of them (a
 pipeline is one flight). Its own parser, not the layer's, so the two are checked against each other.
@@ -20,7 +21,7 @@ import threading
 import time
 from collections import Counter
 
-CUT, DROP, STALL, DELAY = "cut", "drop", "stall", "delay"
+CUT, DROP, STALL, DELAY, REPLACE = "cut", "drop", "stall", "delay", "replace"
 
 
 class _Reader:
@@ -77,6 +78,7 @@ class RespProxy:
         self.auths: list[list[bytes]] = []  # each AUTH's arguments, as sent
         self.flights = 0
         self.delay = 0.0
+        self.replacement = b""  # what REPLACE answers
         self._script: list[tuple[str, str]] = []
         self._lock = threading.Lock()
         self._open: list[socket.socket] = []
@@ -148,6 +150,8 @@ class RespProxy:
                     return
                 if fault == DELAY:
                     time.sleep(self.delay)
+                if fault == REPLACE:
+                    answer = self.replacement
                 client.sendall(answer)
                 if not reader.buffer:
                     answered = True

@@ -84,6 +84,18 @@ def answered(data: bytes) -> Connection:
     return conn
 
 
+def test_arrays_nest_to_the_bound_and_deeper_is_not_resp() -> None:
+    from idempotency_layer.valkey_store.resp import MAX_DEPTH, ProtocolError
+
+    deepest = answered(b"*1\r\n" * MAX_DEPTH + b":0\r\n").read()
+    for _ in range(MAX_DEPTH):
+        deepest = deepest[0]
+    assert deepest == 0
+    for depth in (MAX_DEPTH + 1, 20_000):  # no recursion past the bound: Python's stack never runs out
+        with pytest.raises(ProtocolError, match=f"nested deeper than {MAX_DEPTH}"):
+            answered(b"*1\r\n" * depth + b":0\r\n").read()
+
+
 def test_each_kind_of_answer() -> None:
     conn = answered(b"+OK\r\n:42\r\n$3\r\nabc\r\n$-1\r\n*-1\r\n*3\r\n$1\r\nx\r\n*1\r\n:1\r\n-ERR inside\r\n"
                     b"-WRONGTYPE Operation against a key\r\n$0\r\n\r\n")

@@ -43,7 +43,10 @@ def server_checks(store: Any, check: Any) -> tuple[list[Any], list[tuple[str, in
         server, cluster, persistence = (_info(store, name) for name in ("server", "cluster", "persistence"))
         policies = store.policies()
     except ValkeyError as error:
-        if error.code == "NOPERM":
+        if error.step == "SELECT":
+            said, fix = (f"refused the user SELECT {url.db} (the database the URL names)",
+                         "grant the user +select too, or leave the database out of the URL (docs/valkey.md)")
+        elif error.code == "NOPERM":
             said, fix = "refused the user INFO or CLUSTER SLOTS", f"grant the user {GRANT} (docs/valkey.md)"
         elif error.code in ("WRONGPASS", "NOAUTH"):
             said, fix = "refused the credentials", "check the user and password (or the secret, or the IAM user)"

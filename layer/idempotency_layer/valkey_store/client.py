@@ -45,10 +45,12 @@ class ValkeyError(Exception):
     """A command failed. `uncertain`: it was sent and may have run. `code`: the server's error word (WRONGTYPE,
     NOSCRIPT, NOPERM...), or None for a connection failure."""
 
-    def __init__(self, message: str, *, uncertain: bool = False, code: str | None = None) -> None:
+    def __init__(self, message: str, *, uncertain: bool = False, code: str | None = None,
+                 step: str | None = None) -> None:
         super().__init__(message)
         self.uncertain = uncertain
         self.code = code
+        self.step = step  # refused while connecting: AUTH or SELECT; None: the command itself
 
 
 class Client:
@@ -104,11 +106,9 @@ class Client:
             u = self.url
             user, password = self.auth.credentials() if self.auth is not None else (u.username, u.password)
             if password is not None or user is not None:  # a user without a password: one with `nopass`
-                conn.send(("AUTH", user, password or "") if user else ("AUTH", password))
-                conn.read()
+                _setup(conn, "AUTH", ("AUTH", user, password or "") if user else ("AUTH", password))
             if u.db:
-                conn.send(("SELECT", u.db))
-                conn.read()
+                _setup(conn, "SELECT", ("SELECT", u.db))
         except BaseException:
             conn.close()
             raise
@@ -206,7 +206,7 @@ class Client:
                 if conn is not None:
                     self._give(node, conn)  # the connection is fine: the server answered
                 # Refused while connecting: the credentials (AUTH) or the database (SELECT).
-                what = name if conn is not None else f"connecting for {name} (AUTH or SELECT)"
+                what = name if conn is not None else f"connecting for {name} ({error.step})"
                 text = str(error)
                 redirect = self._redirect(text)
                 if redirect is not None and redirects < _REDIRECTS:
@@ -223,7 +223,7 @@ class Client:
                 # Refused: this attempt did not run (the layer's scripts raise nothing after a write). The server's
                 # words name no record content.
                 raise ValkeyError(f"{what} on {_where(node)} was refused: {_bounded(text)}", code=code,
-                                  uncertain=maybe_ran) from None
+                                  uncertain=maybe_ran, step=None if conn is not None else error.step) from None
             except OSError as error:  # refused, reset, timed out, TLS, closed, not RESP
                 if conn is not None:
                     conn.close()
@@ -256,6 +256,16 @@ class Client:
             return False
         time.sleep(pause)
         return True
+
+
+def _setup(conn: Any, step: str, command: tuple[Any, ...]) -> None:
+    """A new connection's AUTH or SELECT; a refusal names it (`ServerError.step`)."""
+    conn.send(command)
+    try:
+        conn.read()
+    except ServerError as error:
+        error.step = step
+        raise
 
 
 def _one(conn: Any, args: tuple[Any, ...]) -> Any:

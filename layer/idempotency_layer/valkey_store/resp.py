@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 MAX_BULK = 64 * 1024 * 1024  # a record is at most ~400 KB: a longer answer is a broken server, not a record
 MAX_ITEMS = 1_000_000
+# The deepest answer the store reads is CLUSTER SLOTS' (arrays three deep). A deeper one is a broken or hostile
+# server: refused as not RESP (an uncertain failure), never read by recursing until Python's stack runs out.
+MAX_DEPTH = 8
 
 
 class ServerError(Exception):
@@ -32,6 +35,7 @@ class ServerError(Exception):
         super().__init__(text)
         word = text.split(" ", 1)[0]
         self.code = word if word.isupper() and word.isalpha() else None
+        self.step: str | None = None  # a refusal while connecting: the command refused (AUTH, SELECT)
 
 
 class ProtocolError(OSError):
@@ -87,7 +91,7 @@ class Connection:
         except ValueError:  # a length or number that is not one
             raise ProtocolError("an answer that is not RESP") from None
 
-    def _read(self) -> Any:
+    def _read(self, depth: int = 0) -> Any:
         line = self.file.readline(MAX_ITEMS)
         if not line.endswith(b"\r\n"):
             raise ProtocolError("connection closed" if not line else "an answer line without its end")
@@ -114,10 +118,12 @@ class Connection:
                 return None
             if count > MAX_ITEMS:
                 raise ProtocolError(f"an answer of {count} items")
+            if depth >= MAX_DEPTH:
+                raise ProtocolError(f"an answer of arrays nested deeper than {MAX_DEPTH}")
             items = []
             for _ in range(count):
                 try:
-                    items.append(self._read())
+                    items.append(self._read(depth + 1))
                 except ServerError as error:  # an error inside an array (a script's): kept as a value
                     items.append(error)
             return items

@@ -136,6 +136,9 @@ class ValkeyStore:
                 raise IdempotencyConfigurationError(f"IDEMPOTENCY_VALKEY_SECRET: {error}") from None
             if error.code is not None and not error.uncertain:
                 said = ("refused the credentials" if error.code in ("WRONGPASS", "NOAUTH") else
+                        f"refused the user SELECT {self.client.url.db}, the database the URL names: give the ACL "
+                        "user +select too, or leave the database out of the URL (docs/valkey.md: Permissions)"
+                        if error.step == "SELECT" else
                         "refused the user INFO or CLUSTER SLOTS, which the layer needs to check its eviction policy "
                         "(docs/valkey.md: Permissions)" if error.code == "NOPERM" else
                         "refused the layer's check of its eviction policy")
@@ -166,6 +169,10 @@ class ValkeyStore:
                 f"Valkey {what} on {self.table} failed for {subject}: {error}",
                 permanent=denied or error.code in ("NOAUTH", "WRONGPASS"),
                 uncertain=error.uncertain, denied=denied,
+            ) from error
+        except Exception as error:  # nothing of the client's should escape; if it does, it may have been sent
+            raise IdempotencyPersistenceLayerError(
+                f"Valkey {what} on {self.table} failed for {subject}: {type(error).__name__}", uncertain=True
             ) from error
 
     def _record(self, key: str, fields_: dict[str, Any], *, with_result: bool = True) -> Record:
@@ -222,10 +229,12 @@ class ValkeyStore:
         data = result.data
         args = [owner, expires_at, result.format, "0" if data is None else "1", b"" if data is None else data,
                 _cleanup_in(expires_at, time.time())]
-        return bool(self._call("complete", key, lambda: _COMPLETE.run(self.client, key, args, deadline)))
+        answer = self._call("complete", key, lambda: _COMPLETE.run(self.client, key, args, deadline))
+        return bool(_expected(answer, (0, 1), "complete", key))
 
     def release(self, key: str, owner: str, deadline: Deadline | None = None) -> bool:
-        answer = self._call("release", key, lambda: _RELEASE.run(self.client, key, [owner], deadline))
+        answer = _expected(self._call("release", key, lambda: _RELEASE.run(self.client, key, [owner], deadline)),
+                           (0, 1, 2), "release", key)
         if answer == 2:
             # Nothing there: our own release already landed (sent again after a lost answer), or it expired.
             _logger.info("claim on key %r was already gone at release", key, extra=fields(key, "released"))
@@ -290,9 +299,20 @@ def _script_denied(text: str) -> bool:
     return "no permissions to run" in text or "can't run this command" in text or "ACL failure" in text
 
 
+def _expected(answer: Any, answers: tuple[int, ...], what: str, key: str) -> int:
+    """`answer` when it is one of the script's `answers`; else the write's outcome is unknown (uncertain)."""
+    if type(answer) is not int or answer not in answers:
+        raise IdempotencyPersistenceLayerError(f"Valkey answered {what} for key {key!r} with something its script "
+                                               "never answers; it may have run", uncertain=True)
+    return answer
+
+
 def _pairs(answer: Any) -> dict[str, Any]:
     if not isinstance(answer, list) or len(answer) % 2:
-        raise IdempotencyPersistenceLayerError("Valkey answered in a shape that is not a record's fields")
+        # An answer no script of ours gives: a broken server or a middlebox. What ran is unknown (a claim may
+        # have landed): uncertain, so the cycle withdraws it.
+        raise IdempotencyPersistenceLayerError("Valkey answered in a shape that is not a record's fields",
+                                               uncertain=True)
     return {_text(answer[i]) or "": answer[i + 1] for i in range(0, len(answer), 2)}
 
 
