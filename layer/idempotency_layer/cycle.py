@@ -571,9 +571,7 @@ class Cycle:
     def _spill(self, inv: Invocation, key: str, owner: str, result: codec.Oversized) -> codec.Encoded:
         """`result` written to the large-results bucket, as the pointer to complete with; or TOO_LARGE when it could
         not be written by the time a completion may start (the upload counts against the completion's time)."""
-        import orjson
-
-        from .s3 import S3Error
+        from .s3 import S3Error, stored
 
         try:
             pointer = inv.request(self.bucket.put, key, owner, result.packed, _requests_by(inv.deadline))
@@ -584,32 +582,24 @@ class Cycle:
             inv.count("ResultsTooLarge")
             return _SPILL_FAILED
         inv.count("LargeResults")
-        text = orjson.dumps({"bucket": self.bucket.name, "key": pointer.object_key, "size": pointer.size,
-                             "sha256": pointer.sha256}).decode()
-        return codec.Encoded(codec.STORED + result.inner, text)
+        return stored(pointer, result.inner)
 
     def _fetch(self, key: str, result: codec.Encoded, deadline: Deadline | None) -> codec.Encoded:
-        """The result a pointer stands for, read from the bucket and checked; the layer's error when it cannot be."""
-        import orjson
+        """The result a pointer stands for, read from the bucket it names and checked (`s3.fetch`, as the CLI's
+        show reads it); the layer's error when it cannot be."""
+        from .s3 import S3Error, fetch
 
-        from .s3 import Pointer, S3Error
-
-        inner = result.format[len(codec.STORED):]
         try:
-            found = orjson.loads(result.data or b"")
-            pointer = Pointer(str(found["key"]), int(found["size"]), str(found["sha256"]))
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-            raise IdempotencyPersistenceLayerError(f"the record of key {key!r} points to a stored result in a form "
-                                                   "this layer cannot read") from None
-        if self.bucket is None:
-            raise IdempotencyPersistenceLayerError(
-                f"key {key!r} already ran and its result is in the large-results bucket, but "
-                "IDEMPOTENCY_LARGE_RESULTS_BUCKET is not set here; the handler did not run", permanent=True)
-        try:
-            # The bucket the pointer names: the setting may have moved to another since it was written.
-            bucket = self.bucket.named(str(found.get("bucket") or self.bucket.name))
-            return codec.Encoded(inner, bucket.get(pointer, deadline))
+            return fetch(self.bucket, result, deadline)
         except S3Error as error:
+            if error.code == "Malformed":
+                raise IdempotencyPersistenceLayerError(f"the record of key {key!r} points to a stored result in a "
+                                                       "form this layer cannot read") from None
+            if error.code == "NoBucket":
+                raise IdempotencyPersistenceLayerError(
+                    f"key {key!r} already ran and its result is in the large-results bucket, but "
+                    "IDEMPOTENCY_LARGE_RESULTS_BUCKET is not set here; the handler did not run", permanent=True
+                ) from None
             raise IdempotencyPersistenceLayerError(
                 f"the stored result of key {key!r} could not be read from the large-results bucket: {error}; the "
                 "handler did not run", permanent=error.code in ("Missing", "Different"),

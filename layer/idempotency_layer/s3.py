@@ -2,8 +2,13 @@
 key and the owner token, written before the completion; the completion stores where it is, its size and SHA-256.
 
     put(key, owner, data)  -> PUT  <prefix><record key>/<owner>   (SSE-S3; S3 checks x-amz-content-sha256)
-    get(pointer)           -> GET, then size and SHA-256 checked: a missing or different object is an error
-    delete(pointer)        -> DELETE (purge)
+    get(pointer)           -> GET from the pointer's bucket, then size and SHA-256 checked: a missing or different
+                              object is an error
+    delete(object_key)     -> DELETE (purge, on `where(pointer)`; doctor's probe)
+
+A record holds a result in the bucket as `stored(pointer, format)`: the format `codec.STORED + format`, the pointer
+as JSON text. Only this module writes and reads that text (`Pointer.text`, `pointer`), and `fetch` is the one way
+back from it to the result, for replays (`Cycle.decode`) and the CLI's `show --result` alike.
 
 Requests are signed by the layer's own SigV4 (`dynamodb.sigv4.Signer`, service `s3`, as botocore's S3SigV4Auth
 signs them: tests/unit/test_s3.py) and sent with `http.client`, one connection per request: a large result is
@@ -26,19 +31,86 @@ TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type check
 if TYPE_CHECKING:
     from typing import Any, NamedTuple
 
+    from . import codec
     from .deadline import Deadline
 
     class _PointerFields(NamedTuple):
         object_key: str
         size: int
         sha256: str  # hex
+        bucket: str | None = None  # None: a pointer that names no bucket (the setting's bucket)
 else:
-    _PointerFields = namedtuple("Pointer", ("object_key", "size", "sha256"))
+    _PointerFields = namedtuple("Pointer", ("object_key", "size", "sha256", "bucket"), defaults=(None,))
 
 
 class Pointer(_PointerFields):
     """Where a result is, and what it must be."""
     __slots__ = ()
+
+    def text(self) -> str:
+        """The pointer as a record stores it."""
+        import orjson
+
+        return orjson.dumps({"bucket": self.bucket, "key": self.object_key, "size": self.size,
+                             "sha256": self.sha256}).decode()
+
+    @classmethod
+    def read(cls, data: str | bytes | None) -> Pointer:
+        """The pointer a record stores; `S3Error` (code `Malformed`) for anything this layer does not write: its
+        bucket a name S3 may have (no path, no host), its key 1 to 1024 characters, its size a count, its digest
+        64 hex digits. A pointer that names no bucket stands for the setting's bucket."""
+        import orjson
+
+        try:
+            found = orjson.loads(data or b"")
+        except orjson.JSONDecodeError:
+            found = None
+        if isinstance(found, dict):
+            key, size, digest, bucket = (found.get(name) for name in ("key", "size", "sha256", "bucket"))
+            if (isinstance(key, str) and 0 < len(key) <= 1024 and type(size) is int and size >= 0
+                    and isinstance(digest, str) and _SHA256.fullmatch(digest)
+                    and (bucket in (None, "") or (isinstance(bucket, str) and _bucket_name(bucket)))):
+                return cls(key, size, digest, bucket or None)
+        raise S3Error("the record points to a stored result in a form this layer does not write", code="Malformed")
+
+
+def _bucket_name(name: str) -> bool:
+    from .config import _BUCKET  # the setting's own rule: the layer writes no other bucket into a pointer
+
+    return _BUCKET.fullmatch(name) is not None
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def stored(pointer: Pointer, form: str) -> codec.Encoded:
+    """What a record holds for a result of format `form` kept at `pointer`."""
+    from . import codec
+
+    return codec.Encoded(codec.STORED + form, pointer.text())
+
+
+def pointer(result: codec.Encoded) -> tuple[Pointer, str]:
+    """The pointer a record's `stored` result holds, and the format of what it points to; `S3Error` (code
+    `Malformed`) for one this layer does not write."""
+    from . import codec
+
+    return Pointer.read(result.data), result.format[len(codec.STORED):]
+
+
+def fetch(bucket: Bucket | None, result: codec.Encoded, deadline: Deadline | None = None) -> codec.Encoded:
+    """The result a record's `stored` pointer stands for, read from the bucket the pointer names and checked by
+    size and SHA-256: what a replay decodes. `bucket`: the setting's (None when IDEMPOTENCY_LARGE_RESULTS_BUCKET is
+    not set). `S3Error` when it cannot be: code `Malformed`, `NoBucket`, `Missing`, `Different`, S3's own code
+    (`AccessDenied`, `NoSuchBucket`), or None (no answer); its message names the object, never its content."""
+    from . import codec
+
+    found, form = pointer(result)
+    if bucket is None:
+        where = f"s3://{found.bucket}/{found.object_key}" if found.bucket else found.object_key
+        raise S3Error(f"the stored result is in {where}, but IDEMPOTENCY_LARGE_RESULTS_BUCKET is not set here",
+                      code="NoBucket")
+    return codec.Encoded(form, bucket.get(found, deadline))
 
 
 class S3Error(Exception):
@@ -85,8 +157,17 @@ class Bucket:
             other.host = self.host.replace(f"{self.name}.s3.", f"{name}.s3.", 1)
         return other
 
+    def where(self, pointer: Pointer) -> Bucket:
+        """The client of the bucket `pointer` names: where a replay reads it and purge deletes it."""
+        return self.named(pointer.bucket or self.name)
+
     def object_key(self, key: str, owner: str) -> str:
         return f"{self.prefix}{key}/{owner}"
+
+    def owns(self, pointer: Pointer, key: str, owner: str | None) -> bool:
+        """Whether `pointer` names the object the layer writes for the record of `key` that `owner` completed
+        (`<prefix><key>/<owner>`, in whichever bucket): all that purge deletes."""
+        return owner is not None and pointer.object_key == self.object_key(key, owner)
 
     # -- the three requests -----------------------------------------------------------------------------
 
@@ -94,9 +175,13 @@ class Bucket:
         object_key = self.object_key(key, owner)
         digest = hashlib.sha256(data).hexdigest()
         self._request("PUT", object_key, data, deadline, {"x-amz-server-side-encryption": "AES256"}, digest)
-        return Pointer(object_key, len(data), digest)
+        return Pointer(object_key, len(data), digest, self.name)
 
     def get(self, pointer: Pointer, deadline: Deadline | None = None) -> bytes:
+        """The object `pointer` names, from the bucket it names, checked by size and SHA-256."""
+        bucket = self.where(pointer)
+        if bucket is not self:
+            return bucket.get(pointer, deadline)
         status, body = self._request("GET", pointer.object_key, b"", deadline)
         if status == 404:
             raise S3Error(f"the stored result s3://{self.name}/{pointer.object_key} is missing", code="Missing")

@@ -44,7 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--result", action="store_true",
                       help="also print the stored result, decoded: it may hold sensitive data")
     purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    purge.add_argument("--force", action="store_true", help="delete a live in-progress claim too")
+    purge.add_argument("--force", action="store_true", help="delete a live in-progress claim too, and a record "
+                       "whose result pointer (S3) purge will not follow, leaving the object")
 
     doctor = commands.add_parser("doctor", help="check the settings, table, TTL and permissions")
     doctor.add_argument("--function", metavar="NAME", help="check this deployed function (its configuration and "
@@ -120,9 +121,11 @@ def _run(args: Any) -> int:
             if problem is not None:
                 return _fail(problem, 2)
             return _fail(f"the DynamoDB client could not be set up: {type(error).__name__}: {error}", 1)
+        # The large-results bucket (IDEMPOTENCY_LARGE_RESULTS_BUCKET), for the results kept there, or None.
+        bucket = settings.bucket(config) if args.command == "purge" or args.result else None
         if args.command == "show":
-            return _show(args, store, keys, execution)
-        return _purge(args, store, keys, settings.bucket(config))
+            return _show(args, store, keys, execution, bucket)
+        return _purge(args, store, keys, bucket)
     except IdempotencyConfigurationError as error:
         return _fail(str(error), 2)
     except EventFileError as error:
@@ -156,7 +159,7 @@ def _key(args: Any, config: Any) -> int:
     return 0 if facts["keys"] else 1
 
 
-def _show(args: Any, store: Any, keys: list[str], execution: str | None = None) -> int:
+def _show(args: Any, store: Any, keys: list[str], execution: str | None = None, bucket: Any = None) -> int:
     import time
 
     from .output import emit
@@ -168,7 +171,7 @@ def _show(args: Any, store: Any, keys: list[str], execution: str | None = None) 
         if record is None:
             missing.append(key)
         else:
-            shown.append(facts(record, time.time(), args.result))
+            shown.append(facts(record, time.time(), args.result, bucket))
             if execution is not None:  # the envelope of a durable execution: does that execution hold the key?
                 shown[-1]["this_execution_owns_it"] = record.owner == execution
 
@@ -190,7 +193,7 @@ def _purge(args: Any, store: Any, keys: list[str], bucket: Any = None) -> int:
     from ..dynamodb import DynamoDBError
     from ..errors import IdempotencyError
     from .output import emit
-    from .records import Missing, Refused, purge
+    from .records import Missing, Refused, object_said, purge
 
     deleted: list[dict[str, Any]] = []
     missing: list[str] = []
@@ -204,12 +207,18 @@ def _purge(args: Any, store: Any, keys: list[str], bucket: Any = None) -> int:
             refused.append({"key": key, "reason": str(error)})
     emit({"table": store.table, "deleted": deleted, "missing": missing, "refused": refused}, args.json,
          lambda found: [f"deleted the record of key {d['key']} (it was {d['was']})"
-                        + (f"; its result: {d['object']}" if d.get("object") else "") for d in found["deleted"]])
+                        + (f"; its result: {object_said(d['object'])}" if d.get("object") else "")
+                        for d in found["deleted"]])
     for key in missing:
         _fail(f"no record for key {key!r} in {store.where}: nothing to delete", 1)
     for entry in refused:
         _fail(entry["reason"], 1)
-    return 1 if missing or refused else 0
+    # A record deleted whose object S3 did not delete: said, and not a success (nothing else will name the object).
+    left = [d for d in deleted if d.get("object") and not d["object"]["deleted"] and not d["object"].get("forced")]
+    for done in left:
+        _fail(f"key {done['key']!r}: the record was deleted, but its result was {object_said(done['object'])}; "
+              "delete that object yourself, or leave it to its bucket's lifecycle rule", 1)
+    return 1 if missing or refused or left else 0
 
 
 def _doctor(args: Any, env: dict[str, str]) -> int:

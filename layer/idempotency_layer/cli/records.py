@@ -59,7 +59,9 @@ def _meaning(found: str, result: codec.Encoded | None) -> str:
     return found
 
 
-def facts(record: Record, now: float, with_result: bool) -> dict[str, Any]:
+def facts(record: Record, now: float, with_result: bool, bucket: Any = None) -> dict[str, Any]:
+    """What `show` says of `record`; with `with_result`, its result decoded, read (a result in the large-results
+    bucket) through `bucket`, the setting's `s3.Bucket` or None, as a replay reads it."""
     result = record.result
     data = None if result is None else result.data
     size = None if data is None else len(data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass"))
@@ -78,12 +80,40 @@ def facts(record: Record, now: float, with_result: bool) -> dict[str, Any]:
         "result_bytes": size,
         "fingerprint": record.fingerprint,
     }
+    if result is not None and result.format.startswith(codec.STORED):
+        shown["result_object"] = _stored_at(result)
     if with_result:
-        shown["result"] = _decoded(result)
+        shown["result"] = _decoded(result, bucket)
     return shown
 
 
-def _decoded(result: codec.Encoded | None) -> Any:
+def _stored_at(result: codec.Encoded) -> dict[str, Any] | None:
+    """Where a result in the large-results bucket is, as its pointer says (None: a pointer the layer cannot read)."""
+    from ..s3 import S3Error, pointer
+
+    try:
+        found = pointer(result)[0]
+    except S3Error:
+        return None
+    return {"bucket": found.bucket, "key": found.object_key, "size": found.size, "sha256": found.sha256}
+
+
+def _fetched(result: codec.Encoded, bucket: Any) -> codec.Encoded | dict[str, Any]:
+    """The result a pointer stands for, read and checked as a replay reads it (`s3.fetch`), or why it cannot be."""
+    from ..s3 import S3Error, fetch
+
+    try:
+        return fetch(bucket, result)
+    except S3Error as error:
+        return {"none": f"not shown: {clean(error)}", "error": error.code or "NoAnswer"}
+
+
+def _decoded(result: codec.Encoded | None, bucket: Any = None) -> Any:
+    if result is not None and result.format.startswith(codec.STORED):
+        fetched = _fetched(result, bucket)
+        if isinstance(fetched, dict):
+            return fetched
+        result = fetched
     if result is None:
         return {"none": "no result: the record is in progress"}
     if result.format == codec.DONE:
@@ -116,6 +146,11 @@ def show_text(shown: dict[str, Any]) -> list[str]:
                                   else f"{clean(shown['result_format'])}, {shown['result_bytes'] or 0} bytes stored"),
         f"fingerprint:       {clean(shown['fingerprint'] or '-')}",
     ]
+    if "result_object" in shown:
+        found = shown["result_object"]
+        lines.append("result object:     " + ("a pointer this layer cannot read" if found is None else
+                                              f"{clean(_url(found['bucket'], found['key']))} "
+                                              f"({found['size']} bytes, sha256 {found['sha256']})"))
     if "this_execution_owns_it" in shown:
         lines.append("this execution:    " + ("owns the key" if shown["this_execution_owns_it"]
                                               else "does not own the key (another run's record)"))
@@ -158,7 +193,9 @@ def read(store: DynamoDBStore, key: str) -> Record:
 def purge(store: DynamoDBStore, key: str, *, yes: bool, force: bool, ask: Any = None,
           bucket: Any = None) -> dict[str, Any]:
     """Delete the record of `key`, unless it is a live claim (without `force`), the operator says no, or it
-    changed since it was read: the delete is conditioned on the owner and status that were read."""
+    changed since it was read: the delete is conditioned on the owner and status that were read. A result in the
+    large-results bucket is deleted after the record, where its pointer says (`bucket`: the setting's, or None);
+    a pointer to anything but this record's own object refuses the purge, unless `force` (the record alone)."""
     now = time.time()
     record = read(store, key)
     found = state(record, now)
@@ -167,35 +204,89 @@ def purge(store: DynamoDBStore, key: str, *, yes: bool, force: bool, ask: Any = 
                  else when(record.expires_at, now))
         raise Refused(f"key {key!r} is claimed by a live invocation until {said(until)}; its handler may be "
                       "running: wait for it, or pass --force to delete the claim anyway")
+    target, left = _result_object(record, key, bucket, force)
     if not yes:
-        if ask is None and not sys.stdin.isatty():
-            raise Refused("not on a terminal, so purge cannot ask: pass --yes to delete without asking")
-        try:
-            answer = (ask or input)(f"delete the record of key {key!r} ({found})? [y/N] ")
-        except EOFError:  # Ctrl-D: no answer is a no
-            answer = ""
-            sys.stdout.write("\n")  # end the prompt's line
-        if answer.strip().lower() not in ("y", "yes"):
-            raise Refused(f"not deleted: key {key!r}")
+        also = "" if target is None else f" and its result {clean(_url(target.bucket, target.object_key))}"
+        _confirm(f"delete the record of key {key!r} ({found}){also}? [y/N] ", key, ask)
     if not store.purge(key, record.status, record.owner):
         raise Refused(f"key {key!r} changed since it was read (another invocation claimed or completed it); "
                       "nothing was deleted: run purge again to see it")
     done = {"key": key, "deleted": True, "was": found, "status": record.status, "owner": record.owner}
-    result = record.result
-    if result is not None and result.format.startswith(codec.STORED):  # its result in the large-results bucket
-        import json
-
-        object_key = str(json.loads(result.data or "{}").get("key"))
-        if bucket is None:
-            done["object"] = (f"left in place: {object_key} (IDEMPOTENCY_LARGE_RESULTS_BUCKET is not set here; the "
-                              "bucket's lifecycle rule removes it)")
-        else:
-            from ..s3 import S3Error
-
-            try:
-                bucket.delete(object_key)
-                done["object"] = f"deleted s3://{bucket.name}/{object_key}"
-            except S3Error as error:  # the record is gone all the same: say which object stays
-                done["object"] = (f"left in place: s3://{bucket.name}/{object_key} ({error}); the bucket's "
-                                  "lifecycle rule removes it")
+    if target is not None:
+        done["object"] = _delete(bucket, target)
+    elif left is not None:
+        done["object"] = left
     return done
+
+
+def _confirm(prompt: str, key: str, ask: Any) -> None:
+    if ask is None and not sys.stdin.isatty():
+        raise Refused("not on a terminal, so purge cannot ask: pass --yes to delete without asking")
+    try:
+        answer = (ask or input)(prompt)
+    except EOFError:  # Ctrl-D: no answer is a no
+        answer = ""
+        sys.stdout.write("\n")  # end the prompt's line
+    if answer.strip().lower() not in ("y", "yes"):
+        raise Refused(f"not deleted: key {key!r}")
+
+
+def _url(bucket: str | None, object_key: str) -> str:
+    """An object as `s3://bucket/key`, for the operator (a pointer that names no bucket: the setting's)."""
+    return f"s3://{bucket or '(IDEMPOTENCY_LARGE_RESULTS_BUCKET)'}/{object_key}"
+
+
+def _result_object(record: Record, key: str, bucket: Any, force: bool) -> tuple[Any, dict[str, Any] | None]:
+    """The pointer of the object to delete with the record (None: none), or, under `force`, what is left and why.
+    Only the object the layer writes for this record (`s3.Bucket.owns`) is deleted: a malformed pointer, or one
+    naming any other key, refuses the purge before anything is deleted."""
+    result = record.result
+    if result is None or not result.format.startswith(codec.STORED):
+        return None, None
+    from ..s3 import S3Error, pointer
+
+    try:
+        found = pointer(result)[0]
+    except S3Error:
+        return _left(key, force, None, "its result's pointer is not one this layer writes")
+    where = clean(_url(found.bucket, found.object_key))
+    if bucket is None:
+        return _left(key, force, found, f"its result is in {where}, and IDEMPOTENCY_LARGE_RESULTS_BUCKET is not set "
+                                        "here, so purge cannot delete it")
+    if not bucket.owns(found, key, record.owner):
+        return _left(key, force, found, f"its result's pointer names {where}, not the object this layer writes for "
+                                        f"the record ({clean(bucket.object_key(key, record.owner or '?'))}, under "
+                                        "IDEMPOTENCY_LARGE_RESULTS_PREFIX): purge deletes no other object")
+    return found, None
+
+
+def _left(key: str, force: bool, found: Any, problem: str) -> tuple[None, dict[str, Any]]:
+    """A record whose object purge will not delete: refused, or under `force` the record alone, saying why."""
+    if not force:
+        raise Refused(f"key {key!r}: {problem}; nothing was deleted (pass --force to delete the record alone and "
+                      "leave the object)")
+    return None, {"bucket": None if found is None else found.bucket, "key": None if found is None else
+                  found.object_key, "deleted": False, "forced": True, "reason": problem}
+
+
+def _delete(bucket: Any, found: Any) -> dict[str, Any]:
+    """Delete the object `found` names, in the bucket it names; what was deleted, or why it was not."""
+    from ..s3 import S3Error
+
+    where = bucket.where(found)
+    done = {"bucket": where.name, "key": found.object_key}
+    try:
+        where.delete(found.object_key)
+    except S3Error as error:
+        maybe = " (it may have been deleted: the answer was lost)" if error.uncertain else ""
+        return {**done, "deleted": False, "reason": f"{error}{maybe}"}
+    return {**done, "deleted": True}
+
+
+def object_said(found: dict[str, Any]) -> str:
+    """What became of a purged record's object, for the text output."""
+    if found["deleted"]:
+        return f"deleted {clean(_url(found['bucket'], found['key']))}"
+    if found.get("forced"):
+        return f"left in place ({found['reason']})"
+    return f"NOT deleted ({clean(found['reason'])})"  # S3's failure, which names the object
