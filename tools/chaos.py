@@ -24,6 +24,17 @@ A share of the keys (`overrun`) run past the function's timeout on their first e
 whose caller keeps resending it (0.1 s to 2 s apart) while the claim is live, so the claim is taken over
 soon after it ends, where clock skew matters; another share (`slow`) works seconds on every execution.
 
+Every key not meant to overrun must finish inside the timeout, its completion included, or the README's limit (a
+handler cut off after its side effect runs again) turns into a double by the soak's rule. On a loaded machine a cold
+start takes longer, so a fixed margin gives way (issue 42: a slow key of 2 s in a 4 s timeout, a cold start slowed by
+load and one latency spike on its claim). Before the run, a probe times invocations in as many environments of the
+run's kind as it has, started at once as the run's are, on the machine as it is (`Soak.measure`); the run's timeout is
+raised, when it must be, to hold the longest work and a reserve derived from that (`reserve_s`, `fitted_timeout`), and
+the attempt budget with it, so that a copy's resends span as many killed claims as at the asked timeout
+(`fitted_attempts`). The report shows the probe, the reserve term by term, the inits the run's environments really
+took, a slow key's longest answered invocation, and any key that timed out though it was not meant to overrun
+(`margin_timeouts`: the margin, or the layer, gave way; it excuses nothing, a re-run after it is a double).
+
 `--batch sqs|kafka` delivers the copies as messages in batches (SQS-shaped, or Amazon MSK-shaped over two
 partitions), each record claimed by the layer on its own; what a batch's answer reports, and every record of a
 batch that failed whole, comes back in a later batch. `--purge F` has an operator purge a share of the keys once a
@@ -97,6 +108,24 @@ TOPIC = "orders"
 # The claim margin docs/reliability.md promises (Clocks), written here rather than read from the layer: a change to the
 # layer's constant is then caught by the soak, not followed by it.
 CLAIM_MARGIN_S = 1.0
+# The time an invocation needs beside its handler's work (issue 42). A key meant to finish inside the timeout must do
+# so on a loaded machine too, or its timeout (or a completion cut at the deadline) lets the next copy run it again:
+# the README's limit, which the soak counts as a double. So the timeout a run uses is derived, at its start, from what
+# the probe measures on this machine as loaded as it is then (`Soak.measure`, `Timing`): the slowest cold invocation of
+# as many environments as the run has, started at once as the run's are (a cold start, its init check, a claim, a
+# completion and the answer; with a large result's extra when keys have them), times LOAD_FACTOR (headroom for load
+# that comes after the probe: both cores of an idle machine taken by other work halve the time the run gets), plus
+# FAULTED_REQUESTS of the invocation's store requests each delayed by the longest fault the proxy makes (the longest
+# latency spike, or the client's first backoff after a throttle, and a retry), plus the completion's margin before the
+# deadline.
+LOAD_FACTOR = 2.0
+FAULTED_REQUESTS = 2
+THROTTLE_BACKOFF_S = 1.0  # the client's first backoff after a throttle, at most (full jitter from a 1 s base)
+RETRY_S = 0.1  # a faulted request's retry itself
+# The completion's last attempt ends RETURN_MARGIN_MS (300 ms) before the deadline; 50 ms more for its start.
+COMPLETION_MARGIN_S = 0.35
+PROBE_WARM = 3  # warm invocations the probe times after the cold ones (and as many large ones, when keys have them)
+PROBE_TIMEOUT = 60  # the probe environments' own timeout: a slow machine is measured, not cut off
 
 
 @dataclass(frozen=True)
@@ -107,8 +136,11 @@ class Settings:
     kill_rate: float = 0.02  # fraction of invocations whose environment is SIGKILLed mid-invocation
     environments: int = min(32, 3 * (os.cpu_count() or 2))  # 6 on 2 cores: most invocations wait on I/O
     seed: int = 1
-    timeout: int = 4  # the function's timeout, seconds: a killed claim lasts this long
-    attempts: int = 20  # a copy's attempt budget; its resends span well past a killed claim
+    # The function's timeout, seconds: a killed claim lasts this long. With `fit_timeout`, the least the run uses.
+    timeout: int = 4
+    # A copy's attempt budget; its resends span well past a killed claim. Raised with a fitted timeout
+    # (`fitted_attempts`).
+    attempts: int = 20
     work_ms: int = 20  # the handler's work after its side effect: the window a kill lands in after it
     # A kill lands at most this long after the invocation was sent; once the environment's own invocation
     # times are known, within their median instead.
@@ -121,10 +153,16 @@ class Settings:
     skew_s: float = 0.0
     # Fraction of keys whose first execution works past the function's timeout (the emulator stops it).
     overrun: float = 0.01
-    # Fraction of keys whose handler works seconds on every execution (1 s to 2 s short of the timeout: well inside
-    # it, as the README asks, so a cold start and a latency spike still leave the completion its time), so kills
-    # land in long work and duplicates meet long claims.
+    # Fraction of keys whose handler works seconds on every execution (`slow_ms`, well inside the timeout, as the
+    # README asks: the run's timeout is fitted to it, see `fit_timeout`), so kills land in long work and duplicates
+    # meet long claims.
     slow: float = 0.03
+    slow_ms: tuple[int, int] = (1000, 2000)  # a slow key's work, drawn per key in this range
+    # True: the run's timeout is `timeout` or, when that is too short, the least whole number of seconds that holds
+    # the longest work and the reserve derived from the probe's measured invocation times (`fitted_timeout`), so a key
+    # meant to finish inside the timeout does, on a loaded machine too; `attempts` is raised with it
+    # (`fitted_attempts`). False: `timeout` and `attempts` exactly, whatever margin they leave.
+    fit_timeout: bool = True
     python: str | None = None  # the runtime's Python version; default 3.12 when found
     # None: every copy is a whole event. "sqs" or "kafka": copies are messages, delivered in batches of 1 to
     # `batch_size` (SQS-shaped, or Amazon MSK-shaped over two partitions), each record claimed on its own; the
@@ -144,6 +182,8 @@ class Settings:
         for name in ("duplicates", "fault_rate", "kill_rate", "overrun", "slow"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} is a fraction between 0 and 1, not {getattr(self, name)}")
+        if not 0 < self.slow_ms[0] <= self.slow_ms[1]:
+            raise ValueError(f"slow_ms is a range of milliseconds, low to high, not {self.slow_ms}")
         if self.duplicates >= 1 or self.invocations < 1 or self.environments < 1 or self.attempts < 1:
             raise ValueError("need invocations >= 1, duplicates < 1, environments >= 1 and attempts >= 1")
         if self.timeout < 2:
@@ -211,12 +251,95 @@ def overruns(settings: Settings, key: str) -> bool:
     return settings.batch is None and random.Random(f"{settings.seed}:overrun:{key}").random() < settings.overrun
 
 
+def slow(settings: Settings, key: str) -> bool:
+    """Whether `key`'s handler works `slow_ms` on every execution."""
+    return random.Random(f"{settings.seed}:slow:{key}").random() < settings.slow and not overruns(settings, key)
+
+
 def work_ms(settings: Settings, key: str) -> int:
-    """How long `key`'s handler works after its side effect: seconds for a slow key, else `work_ms`."""
+    """How long `key`'s handler works after its side effect: `slow_ms` for a slow key, else `work_ms`."""
+    if not slow(settings, key):
+        return settings.work_ms
     rng = random.Random(f"{settings.seed}:slow:{key}")
-    if rng.random() < settings.slow and not overruns(settings, key):
-        return int(rng.uniform(1.0, max(1.0, settings.timeout - 2.0)) * 1000)
-    return settings.work_ms
+    rng.random()  # slow()'s draw: the same keys and the same work as before `slow_ms` was a setting
+    return int(rng.uniform(settings.slow_ms[0] / 1000, settings.slow_ms[1] / 1000) * 1000)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """What the probe measured at a run's start, send to answer, in environments of the run's own kind (its layer,
+    Python, settings and clocks) on this machine as loaded as it was then, straight to DynamoDB Local (the faults are
+    allowed for apart): the slowest first (cold) invocation of the environments started at once, the median of the
+    warm invocations, and the slowest warm invocation with a large result (None when keys have none)."""
+
+    cold_ms: float
+    warm_ms: float
+    large_ms: float | None = None
+
+    @property
+    def overhead_s(self) -> float:
+        """The longest invocation without work: a cold one, with a large result's extra when keys have them."""
+        extra = max(0.0, self.large_ms - self.warm_ms) if self.large_ms is not None else 0.0
+        return (self.cold_ms + extra) / 1000
+
+
+def fault_delay_s(settings: Settings) -> float:
+    """The longest one faulted store request adds to an invocation: the longest latency spike, or the client's first
+    backoff after a throttle, and the retry."""
+    if not settings.fault_rate:
+        return 0.0
+    return max(settings.spike_ms[1] / 1000, THROTTLE_BACKOFF_S) + RETRY_S
+
+
+def reserve_s(settings: Settings, timing: Timing) -> float:
+    """The time an invocation is given beside its handler's work: the probe's measured invocation times
+    LOAD_FACTOR, FAULTED_REQUESTS faulted requests, and the completion's margin before the deadline."""
+    return LOAD_FACTOR * timing.overhead_s + FAULTED_REQUESTS * fault_delay_s(settings) + COMPLETION_MARGIN_S
+
+
+def longest_work_s(settings: Settings) -> float:
+    """The longest a handler meant to finish inside the timeout works after its side effect."""
+    return max(settings.work_ms, settings.slow_ms[1] if settings.slow else 0) / 1000
+
+
+def fitted_timeout(settings: Settings, timing: Timing) -> int:
+    """The run's timeout: `settings.timeout`, or the least whole seconds that hold the longest work and the reserve."""
+    needed = longest_work_s(settings) + reserve_s(settings, timing)
+    return max(settings.timeout, -int(-needed // 1))
+
+
+def resend_span_s(attempts: int) -> float:
+    """The least time a copy's resends span, `attempts` attempts in all: every backoff at its jitter's shortest."""
+    return sum(min(FIRST_RESEND_S * 2 ** (n - 1), LAST_RESEND_S) * 0.5 for n in range(1, attempts))
+
+
+def fitted_attempts(settings: Settings, timeout: int) -> int:
+    """The attempt budget at `timeout`: `settings.attempts`, or more so that a copy's resends span as many killed
+    claims (the timeout and the claim margin each) as they span at `settings.timeout` (a raised timeout makes each
+    killed claim a copy waits out longer; the same budget would then lose copies the asked timeout keeps)."""
+    needed = resend_span_s(settings.attempts) * (timeout + CLAIM_MARGIN_S) / (settings.timeout + CLAIM_MARGIN_S)
+    attempts = settings.attempts
+    while resend_span_s(attempts) < needed:
+        attempts += 1
+    return attempts
+
+
+def margin_timeouts(runs_of: Mapping[str, list[dict[str, Any]]], attempts: Mapping[str, Attempt],
+                    overruns: Callable[[str], bool], skew_s: float = 0.0) -> list[str]:
+    """Keys with an execution that timed out though it was not meant to overrun (any but an overrunning key's first
+    execution): the soak's own margin gave way (the machine, or faults beyond those it allows for), or the layer held
+    the function past its deadline. It excuses nothing: the verdict counts a re-run after it a double either way."""
+    def started(run: Mapping[str, Any]) -> float:  # by the soak's clock, as `_judged` orders runs
+        attempt = attempts.get(run.get("attempt") or "")
+        return run["clock"] - (skew_s if attempt is not None and attempt.skewed else 0.0)
+
+    found = set()
+    for key, runs in runs_of.items():
+        outcomes = [getattr(attempts.get(run.get("attempt") or ""), "outcome", None)
+                    for run in sorted(runs, key=started)]
+        if "timeout" in (outcomes[1:] if overruns(key) else outcomes):
+            found.add(key)
+    return sorted(found)
 
 
 def message_id(key: str) -> str:
@@ -444,6 +567,9 @@ class Soak:
         self._closing = False
         self.proxy: FaultProxy | None = None
         self.s3: Any = None  # moto's server, holding the large-results bucket (Settings.large)
+        self.timing: Timing | None = None  # what the probe measured (Settings.fit_timeout)
+        # The timeout and attempt budget asked for; settings holds those the run uses (`fit_timeout`).
+        self.asked_timeout, self.asked_attempts = settings.timeout, settings.attempts
         self.started = self.ended = 0.0
 
     # -- the run --------------------------------------------------------------------------------------------
@@ -464,8 +590,19 @@ class Soak:
             self.s3 = SQSServer(self.work / "moto.log").start()
             boto3.client("s3", endpoint_url=self.s3.endpoint, region_name="us-east-1", aws_access_key_id="a",
                          aws_secret_access_key="b").create_bucket(Bucket=LARGE_BUCKET)
-        workers = [Worker(self, slot) for slot in range(s.environments)]
+        workers: list[Worker] = []
         try:
+            if s.fit_timeout:
+                self.timing = self.measure()
+                timeout = fitted_timeout(s, self.timing)
+                if timeout != s.timeout:
+                    attempts = fitted_attempts(s, timeout)
+                    self.say(f"  timeout {timeout} s, not {s.timeout} s: the longest work ({longest_work_s(s):.2f} s) "
+                             f"and the reserve ({reserve_s(s, self.timing):.2f} s, from a cold invocation of "
+                             f"{self.timing.cold_ms:.0f} ms here now) need it; {attempts} attempts a copy, not "
+                             f"{s.attempts}, to span as many killed claims")
+                    self.settings = s = replace(s, timeout=timeout, attempts=attempts)
+            workers += [Worker(self, slot) for slot in range(s.environments)]
             self.started = time.monotonic()
             for worker in workers:
                 worker.start()
@@ -510,14 +647,13 @@ class Soak:
                 if worker.is_alive():
                     worker.join(timeout=self.settings.timeout + 35)
 
-    def environment(self) -> LambdaEnvironment:
-        """A fresh environment, started (the runtime inits on its first invocation, as a cold start does)."""
+    def variables(self, *, endpoint: str, table: str, runs_file: Path, skewed: bool) -> dict[str, str]:
+        """An environment's variables: the layer's settings for this run against `endpoint` and `table`, the
+        handler's runs file, and the skewed clock when `skewed`."""
         s = self.settings
-        assert self.proxy is not None
-        serial = next(self._envs)
-        variables = {**CREDENTIALS, "AWS_ENDPOINT_URL_DYNAMODB": self.proxy.endpoint, "IDEMPOTENCY_TABLE": self.table,
+        variables = {**CREDENTIALS, "AWS_ENDPOINT_URL_DYNAMODB": endpoint, "IDEMPOTENCY_TABLE": table,
                      "IDEMPOTENCY_KEY_JMESPATH": "key", "IDEMPOTENCY_PAYLOAD_JMESPATH": "payload",
-                     "CHAOS_RUNS_FILE": str(self.runs_file)}
+                     "CHAOS_RUNS_FILE": str(runs_file)}
         if s.batch is not None:  # each record keyed by its delivery identity, its payload fingerprinted
             del variables["IDEMPOTENCY_KEY_JMESPATH"]
             variables["IDEMPOTENCY_PAYLOAD_JMESPATH"] = ("json_parse(body).payload" if s.batch == "sqs"
@@ -526,9 +662,86 @@ class Soak:
             variables["IDEMPOTENCY_LOCAL_CACHE_SIZE"] = "256"  # a purge must reach it
         if self.s3 is not None:
             variables.update(IDEMPOTENCY_LARGE_RESULTS_BUCKET=LARGE_BUCKET, AWS_ENDPOINT_URL_S3=self.s3.endpoint)
-        skewed = bool(s.skew_s) and serial % 2 == 1
         if skewed:
             variables.update(LD_PRELOAD=faketime_library(), FAKETIME=f"{s.skew_s:+.3f}")
+        return variables
+
+    def measure(self) -> Timing:
+        """Time invocations before the run, on this machine as loaded as it is now: `environments` environments of
+        this run's kind (every second one skewed, when clocks are) started at once, as the run's are, each timed on
+        its first invocation (a cold start); then PROBE_WARM warm invocations in one of them and, when keys have large
+        results, PROBE_WARM with one. Their own table, runs file and logs (logs/probe-*.log), straight to DynamoDB
+        Local: nothing of it reaches the run's figures, and the faults are allowed for apart (`reserve_s`)."""
+        s = self.settings
+        probe = self.work / "probe"
+        probe.mkdir()
+        table = f"{self.table}-probe"
+        client = dynamodb_client(self.dynamodb_endpoint)
+        create_table(client, table)
+        keys = itertools.count()
+
+        def event(large_result: bool = False) -> dict[str, Any]:
+            i = next(keys)
+            key, attempt = f"p{i:06d}", f"probe.{i}"
+            if s.batch is not None:
+                return batch_event(replace(s, slow=0.0, work_ms=0), [Copy(key, 0)], attempt, Counter())
+            found: dict[str, Any] = {"key": key, "payload": payload(key), "work_ms": 0, "attempt": attempt}
+            if large_result:
+                found["large"] = LARGE_BYTES
+            return found
+
+        def timed(env: LambdaEnvironment, found: dict[str, Any]) -> float:
+            began = time.monotonic()
+            answer = env.invoke(found, timeout=PROBE_TIMEOUT + 30)
+            took = (time.monotonic() - began) * 1000
+            if answer.status != 200 or answer.error_type is not None or answer.body.startswith(TIMED_OUT):
+                raise RuntimeError(f"the timing probe's invocation failed: {answer.body[:300]!r}\n{env.logs()[-2000:]}")
+            return took
+
+        envs = [LambdaEnvironment(
+            self.python, self.task_root, version=self.python_version, handler=HANDLER, opt_dir=self.opt_dir,
+            timeout=PROBE_TIMEOUT, function_name=FUNCTION, log_path=self.logs / f"probe-{n}.log",
+            env=self.variables(endpoint=self.dynamodb_endpoint, table=table, runs_file=probe / "runs.jsonl",
+                               skewed=bool(s.skew_s) and n % 2 == 1),
+        ) for n in range(s.environments)]
+        cold: list[float] = []
+        errors: list[BaseException] = []
+
+        def first(env: LambdaEnvironment, found: dict[str, Any]) -> None:
+            try:
+                cold.append(timed(env, found))
+            except BaseException as error:
+                errors.append(error)
+
+        try:
+            for env in envs:
+                env.start()
+            threads = [threading.Thread(target=first, args=(env, event()), daemon=True) for env in envs]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            if errors:
+                raise errors[0]
+            warm = sorted(timed(envs[0], event()) for _ in range(PROBE_WARM))
+            large_ms = (max(timed(envs[0], event(large_result=True)) for _ in range(PROBE_WARM))
+                        if self.s3 is not None and s.batch is None else None)
+        finally:
+            for env in envs:
+                env.stop()
+            with contextlib.suppress(Exception):
+                client.delete_table(TableName=table)
+        return Timing(cold_ms=round(max(cold), 1), warm_ms=round(warm[len(warm) // 2], 1),
+                      large_ms=None if large_ms is None else round(large_ms, 1))
+
+    def environment(self) -> LambdaEnvironment:
+        """A fresh environment, started (the runtime inits on its first invocation, as a cold start does)."""
+        s = self.settings
+        assert self.proxy is not None
+        serial = next(self._envs)
+        skewed = bool(s.skew_s) and serial % 2 == 1
+        variables = self.variables(endpoint=self.proxy.endpoint, table=self.table, runs_file=self.runs_file,
+                                   skewed=skewed)
         env = LambdaEnvironment(
             self.python, self.task_root, version=self.python_version, handler=HANDLER, opt_dir=self.opt_dir,
             timeout=s.timeout, function_name=FUNCTION, log_path=self.logs / f"env-{serial}.log", env=variables,
@@ -668,6 +881,34 @@ class Soak:
                 offsets[attempt.skewed].append((run["clock"] - attempt.sent_at) * 1000)
         return {"skewed": percentile(sorted(offsets[True]), 50), "others": percentile(sorted(offsets[False]), 50)}
 
+    def _timing_figures(self) -> dict[str, Any]:
+        """What the probe measured, the reserve and timeout derived from it, and the cold starts the run's own
+        environments really took (the emulator's INIT REPORT lines): the margin, and what it was up against."""
+        s = self.settings
+        inits = []
+        for log in sorted(self.logs.glob("env-*.log")):
+            for line in log.read_text(errors="replace").splitlines():
+                if "INIT REPORT(durationMs: " in line:
+                    with contextlib.suppress(ValueError):
+                        inits.append(float(line.split("durationMs: ", 1)[1].split(")", 1)[0]))
+        inits.sort()
+        timing = self.timing
+        return {
+            "probe": None if timing is None else asdict(timing),
+            "reserve_s": None if timing is None else round(reserve_s(s, timing), 2),
+            # reserve_s, term by term: LOAD_FACTOR times the measured overhead, the faults allowed for, the margin
+            "reserve_terms": None if timing is None else {
+                "load_factor": LOAD_FACTOR, "overhead_s": round(timing.overhead_s, 3),
+                "faulted_requests": FAULTED_REQUESTS, "fault_delay_s": fault_delay_s(s),
+                "completion_margin_s": COMPLETION_MARGIN_S},
+            "longest_work_s": longest_work_s(s),
+            "asked_timeout_s": self.asked_timeout,
+            "asked_attempts": self.asked_attempts,
+            "timeout_s": s.timeout,
+            "cold_starts": {"count": len(inits), "p50_ms": percentile(inits, 50),
+                            "max_ms": round(inits[-1], 1) if inits else None},
+        }
+
     def _report(self, client: Any) -> dict[str, Any]:
         s = self.settings
         assert self.proxy is not None
@@ -694,6 +935,7 @@ class Soak:
             return "+" not in key and overruns(s, key)
 
         doubles, early = verdict(runs_of, attempts, timeout=s.timeout, skew_s=s.skew_s, overruns=overran)
+        margin = margin_timeouts(runs_of, attempts, overran, skew_s=s.skew_s)
         windowed = windowed_reruns(runs_of, attempts, timeout=s.timeout, skew_s=s.skew_s, overruns=overran)
         # A key purged whose copy after the purge did not run again: the purge did not take (a replay from a cache).
         stale = sorted(key for key, at in self.purged.items() if at and f"{key}+purged" not in runs_of)
@@ -741,6 +983,7 @@ class Soak:
             "duplicates": len(self.copies) - len(keys),
             "invocations_sent": len(attempts),
             "resends": len(attempts) - len(self.copies),
+            "attempts_max": max((copy.attempts for copy in self.copies), default=0),  # of the budget, `attempts`
             "answers": dict(sorted(self.outcomes.items())),
             "first_runs_answered": fresh,
             "replays_answered": replays,
@@ -761,7 +1004,12 @@ class Soak:
             "doubles": len(doubles),
             "early": len(early),
             "overrun_keys": sum(overruns(s, key) for key in keys),
-            "slow_keys": sum(work_ms(s, key) >= 1000 for key in keys),
+            "slow_keys": sum(slow(s, key) for key in keys),
+            # The longest answered invocation of a slow key (whole events), against the timeout: the margin it left.
+            "slow_answered_max_ms": max((round((a.ended - a.started) * 1000, 1) for a in attempts.values()
+                                         if a.outcome == "ok" and s.batch is None and slow(s, a.key)), default=None),
+            # Keys with an execution that timed out though it was not meant to overrun: the soak's margin gave way.
+            "margin_timeouts": len(margin),
             "divergent": len(divergent),
             "purged": sum(1 for at in self.purged.values() if at),
             "purges_refused": self.purges_refused,
@@ -778,13 +1026,14 @@ class Soak:
                            "touched": latencies(keys & touched)},
             "wall_s": round(self.ended - self.started, 1),
             "clock_offset_ms": self._clock_offsets(runs, attempts),
+            "timing": self._timing_figures(),
         }
         figures["unexpected"] = sum(n for name, n in self.outcomes.items() if name.startswith("unexpected"))
         figures["exit_error_answers_of_kills"] = self.kills["exit_error_answers"]
         failed = [name for name in ("doubles", "early", "divergent", "lost", "stuck", "unexpected", "stale")
                   if figures[name]]
         # What happened to each key that failed the verdict: its attempts and runs, and its record, for diagnosis.
-        failing = sorted({*(k.split("+")[0] for k in (*doubles, *early, *divergent)), *stale,
+        failing = sorted({*(k.split("+")[0] for k in (*doubles, *early, *divergent, *margin)), *stale,
                           *(c.key for c in self.lost), *(named.get(i, i) for i in stuck),
                           *(k for a in attempts.values() if a.outcome.startswith("unexpected") for k in a.keys)})[:10]
         by_id = {stored_id(s, key): key for key in failing}
@@ -800,12 +1049,15 @@ class Soak:
             "record": stored.get(key),
         } for key in failing}
         return {
-            "settings": {**asdict(s), "faults": list(s.faults), "spike_ms": list(s.spike_ms)},
+            "settings": {**asdict(s), "faults": list(s.faults), "spike_ms": list(s.spike_ms),
+                         "slow_ms": list(s.slow_ms), "asked_timeout": self.asked_timeout,
+                         "asked_attempts": self.asked_attempts},
             "figures": figures,
             "faults_by_operation": self.proxy.operations(),
             "examples": {"doubles": doubles[:20], "early": early[:20], "divergent": sorted(divergent)[:20],
                          "lost": sorted({c.key for c in self.lost})[:20],
-                         "stuck": sorted(named.get(i, i) for i in stuck)[:20], "stale": stale[:20]},
+                         "stuck": sorted(named.get(i, i) for i in stuck)[:20], "stale": stale[:20],
+                         "margin_timeouts": margin[:20]},
             "histories": histories,
             "passed": not failed,
             "failed": failed,
@@ -1144,7 +1396,8 @@ def report_lines(report: Mapping[str, Any]) -> list[str]:
         f"timeout {s['timeout']} s, {s['fault_rate']:.0%} of store requests faulted, {s['kill_rate']:.0%} of "
         f"invocations killed",
         f"  invocations: {_n(f['copies'])} copies of {_n(f['keys'])} keys ({_n(f['duplicates'])} duplicates, "
-        f"{f['duplicates'] / f['copies']:.0%}), {_n(f['invocations_sent'])} sent with resends",
+        f"{f['duplicates'] / f['copies']:.0%}), {_n(f['invocations_sent'])} sent with resends (a copy took at most "
+        f"{_n(f.get('attempts_max'))} of its {s['attempts']} attempts)",
         f"  answers: ok {_n(answers.get('ok', 0))} ({_n(f['first_runs_answered'])} first runs, "
         f"{_n(f['replays_answered'])} replays); retried later: {retry}"
         + (f"; UNEXPECTED {unexpected}" if unexpected else ""),
@@ -1165,10 +1418,32 @@ def report_lines(report: Mapping[str, Any]) -> list[str]:
         f"  first attempt to first success, ms: keys no kill touched {latency('untouched')}",
         f"                                      keys a kill touched   {latency('touched')}",
         f"  wall time {f['wall_s']:.1f} s",
+        _timing_line(s, f),
         *([f"  clock: every second environment {s['skew_s']:+.3f} s (libfaketime); handlers saw the time "
            f"{f['clock_offset_ms']['skewed']} ms ahead of the send there, {f['clock_offset_ms']['others']} ms "
            "elsewhere (medians)"] if s["skew_s"] else []),
     ]
+
+
+def _timing_line(s: Mapping[str, Any], f: Mapping[str, Any]) -> str:
+    timing = f.get("timing") or {}
+    probe, inits = timing.get("probe"), timing.get("cold_starts") or {}
+    if probe:
+        terms = timing["reserve_terms"]
+        large = f", {_n(probe['large_ms'])} with a large result" if probe.get("large_ms") is not None else ""
+        derived = (f"probe at the start: slowest of {s['environments']} cold invocations at once "
+                   f"{_n(probe['cold_ms'])} ms, warm {_n(probe['warm_ms'])} ms{large}; reserve {timing['reserve_s']} s "
+                   f"({terms['load_factor']} x {terms['overhead_s']} s + {terms['faulted_requests']} x "
+                   f"{terms['fault_delay_s']} s faults + {terms['completion_margin_s']} s) beside the longest work "
+                   f"({timing['longest_work_s']} s): timeout {s['timeout']} s (asked {timing['asked_timeout_s']} s), "
+                   f"{s['attempts']} attempts a copy (asked {timing['asked_attempts']})")
+    else:
+        derived = f"timeout {s['timeout']} s as asked (not fitted)"
+    slowest = f["slow_answered_max_ms"]
+    return (f"  margin: {derived}; the run's inits (INIT REPORT) p50 {_n(inits.get('p50_ms'))} ms, max "
+            f"{_n(inits.get('max_ms'))} ms" + (f"; a slow key's longest answered invocation {_n(slowest)} ms"
+                                               if slowest is not None else "")
+            + f"; keys timed out though not meant to overrun: {f['margin_timeouts']}")
 
 
 # -- command line --------------------------------------------------------------------------------------------
@@ -1191,9 +1466,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="execution environments at once (default: %(default)s, three per CPU)")
     p.add_argument("--seed", type=int, default=d.seed, help="seeds the plan, the faults and the kills (default: "
                    "%(default)s)")
-    p.add_argument("--timeout", type=int, default=d.timeout, help="the function's timeout, seconds (default: "
-                   "%(default)s)")
-    p.add_argument("--attempts", type=int, default=d.attempts, help="attempt budget per copy (default: %(default)s)")
+    p.add_argument("--timeout", type=int, default=d.timeout,
+                   help="the function's timeout, seconds, at least: raised when the longest work and the reserve "
+                        "measured at the start need more (default: %(default)s)")
+    p.add_argument("--exact-timeout", action="store_true",
+                   help="keep --timeout and --attempts as given, whatever margin they leave on this machine")
+    p.add_argument("--attempts", type=int, default=d.attempts,
+                   help="attempt budget per copy, raised with a fitted timeout (default: %(default)s)")
     p.add_argument("--work-ms", type=int, default=d.work_ms,
                    help="the handler's work after its side effect (default: %(default)s)")
     p.add_argument("--overrun", type=float, default=d.overrun,
@@ -1252,7 +1531,7 @@ def main(argv: list[str] | None = None) -> int:
                     kill_rate=args.kill_rate, environments=args.environments, seed=args.seed, timeout=args.timeout,
                     attempts=args.attempts, work_ms=args.work_ms, overrun=args.overrun, slow=args.slow,
                     python=args.python, batch=args.batch, batch_size=args.batch_size, purge=args.purge,
-                    skew_s=args.skew, large=args.large,
+                    skew_s=args.skew, large=args.large, fit_timeout=not args.exact_timeout,
                     faults=tuple(kind.strip() for kind in args.faults.split(",") if kind.strip()))
     try:
         base.check()
@@ -1268,6 +1547,9 @@ def main(argv: list[str] | None = None) -> int:
         opt_dir = unpack_layer(layer, work / "opt")
         ddb.start()
         for i, settings in enumerate(runs):
+            if i:  # compared at the first run's timeout, not one fitted again
+                first = reports[0]["settings"]
+                settings = replace(settings, timeout=first["timeout"], attempts=first["attempts"], fit_timeout=False)
             reports.append(soak(settings, work=work / f"soak-{i}", dynamodb_endpoint=ddb.endpoint, opt_dir=opt_dir,
                                 say=lambda line: print(line, file=sys.stderr, flush=True)))
             print("\n".join(report_lines(reports[-1])), flush=True)
