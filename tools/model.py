@@ -19,6 +19,14 @@
   before or after it, or take long: end shortly before its deadline (`Bounds.slow_s`), so completions, their
   retries and backoffs run with that little time left. An operator may purge a record at any step (the CLI's
   purge: a live claim is refused).
+- Durable executions (`Bounds(kind="durable")`, IDEMPOTENCY_DURABLE=execution): each of `invocations` executions of
+  one input is invoked by the durable service up to `attempts` times, one invocation after another, each with the
+  envelope as the service sends it (the execution's ARN, a new checkpoint token, the operations checkpointed so
+  far). Its workflow, as AWS's SDK runs one: a step (the side effect, checkpointed once it ran; it may fail, and the
+  execution answers FAILED), a wait (the invocation answers PENDING), then the step's receipt (SUCCEEDED). The
+  service invokes it again after a wait, a raise or a death, never after SUCCEEDED or FAILED nor past its execution
+  timeout (`floor_s`, also IDEMPOTENCY_IN_PROGRESS_SECONDS). A completion or a release may meet an outage: it and
+  every retry of it refused until the invocation's deadline.
 
 Invariants, checked on every history:
 - a handler runs again for a key only when every earlier run of it was released (its handler failed, or reported
@@ -34,7 +42,14 @@ Invariants, checked on every history:
   records after one that comes back come back too;
 - an invocation that ends alive leaves no claim behind (unless a write of its own failed or it ended within the
   claim margin of its deadline), and no claim outlives its invocation's deadline (or the in-progress floor) by more
-  than the claim margin.
+  than the claim margin;
+- durable: an execution's workflow runs only while the execution holds the key (a live claim of its own, or its
+  own completed record), and its step runs after another execution's only once that one released the key, or its
+  completed record was purged or expired, or it is over and its lease ended; an invocation whose workflow ran
+  answers what the workflow answered, SUCCEEDED only once the completion landed and FAILED only once no claim of
+  the execution is left; one whose workflow did not run answers another execution's stored result (not purged,
+  not expired; never the execution's own) or is refused as in progress only on another execution's live claim,
+  both in the shapes the SDK writes; a lease ends within IDEMPOTENCY_IN_PROGRESS_SECONDS and the claim margin.
 
 Where the search is too wide to take whole (batches of two records, two invocations, faults and crashes), `walk`
 takes seeded random walks through it instead. `python -m tools.model --ci` runs the suite's slice, `--deep` the
@@ -79,6 +94,13 @@ TABLE = "idempotency"
 QUEUE = "arn:aws:sqs:us-east-1:123456789012:orders"
 STREAM = "arn:aws:kinesis:us-east-1:123456789012:stream/orders"
 CLUSTER = "arn:aws:kafka:us-east-1:123456789012:cluster/orders/1"
+# Durable executions of the function "fn": each delivery of the order is an execution of its own, named so.
+EXECUTIONS = "arn:aws:lambda:us-east-1:123456789012:function:fn:$LATEST/durable-execution"
+SUCCEEDED, FAILED, PENDING = "SUCCEEDED", "FAILED", "PENDING"
+IN_PROGRESS_TYPE = f"{errors.__name__}.{errors.IdempotencyAlreadyInProgressError.__qualname__}"
+# The durable execution timeout, and so IDEMPOTENCY_IN_PROGRESS_SECONDS as docs/durable.md asks, unless the bounds
+# give a floor: three invocations' worth (TIMEOUT_MS each).
+EXECUTION_TIMEOUT_S = 30
 
 
 # --- the events ------------------------------------------------------------------------------------------------
@@ -159,6 +181,12 @@ class Bounds:
     # A handler may take long (once a history): its side effect happens this many seconds before its invocation's
     # deadline, so what follows (completions, their retries and backoffs) runs with that little time left.
     slow_s: tuple[float, ...] = ()
+    # kind="durable": `invocations` executions of the same input (IDEMPOTENCY_DURABLE=execution), each invoked at
+    # most `attempts` times by the durable service (after its wait, or after an invocation that failed or died);
+    # `floor_s` is then the execution timeout and IDEMPOTENCY_IN_PROGRESS_SECONDS (EXECUTION_TIMEOUT_S when 0).
+    attempts: int = 3
+    # A completion or a release the table fails, and every retry of it, until its invocation's deadline (once).
+    outages: int = 0
 
 
 @dataclass
@@ -208,6 +236,26 @@ class Invocation:
     ran: list[tuple[str | None, int]] = field(default_factory=list)  # (key, record index) of each side effect
     failed: set[int] = field(default_factory=set)  # record indexes its handler reported failed
     unfinished: set[str] = field(default_factory=set)  # keys its handler raised for or reported failed
+    execution: int | None = None  # durable: the execution it is an invocation of
+    attempt: int = 0  # durable: its place among that execution's invocations
+    workflow: Any = None  # durable: what its workflow answered, when the workflow ran in it
+    outage: bool = False  # durable: the table fails its requests from its outage on
+    sent_late: bool = False  # a request of its own was left in flight, to land later
+    record_at_end: dict | None = None  # durable: the key's record when it ended
+    ended_at: float = 0.0
+
+
+@dataclass
+class Execution:
+    """A durable execution as the service keeps it: its checkpoints and whether its answer ended it."""
+    index: int
+    arn: str
+    started_at: float | None = None
+    ends_at: float = 0.0  # its execution timeout (IDEMPOTENCY_IN_PROGRESS_SECONDS, as the docs ask): none runs later
+    checkpointed: bool = False  # its step (the charge) ran and was checkpointed, and its wait started
+    failed: bool = False  # its step failed: the SDK replays that failure, the workflow answering FAILED
+    settled: str | None = None  # SUCCEEDED or FAILED, once that answer reached the service
+    lease_ms: int = 0  # in_progress_until of its latest claim that landed
 
 
 @dataclass
@@ -319,6 +367,7 @@ class World:
         self.effects: list[Effect] = []
         self.completions: list[Completion] = []
         self.purges: list[tuple[str, int]] = []  # (key, step) of each record an operator deleted
+        self.releases: list[tuple[int, str, int]] = []  # durable: (execution, key, step) of each release that landed
         self.inflight: list[tuple[Invocation, str, dict]] = []
         self.cond = threading.Condition()
         self.running = 0
@@ -328,20 +377,30 @@ class World:
         self.replies: list[Any] = []
         self.violation: str | None = None
         self.history: History | None = None
+        self.durable = bounds.kind == "durable"
+        self.outaged = 0
+        self.floor_s = bounds.floor_s or (EXECUTION_TIMEOUT_S if self.durable else 0)
         self.config = load({"IDEMPOTENCY_TABLE": TABLE, "IDEMPOTENCY_ORIGINAL_HANDLER": "app.handler",
                             "AWS_LAMBDA_FUNCTION_NAME": "fn", "AWS_REGION": "us-east-1",
-                            "IDEMPOTENCY_KEY_JMESPATH": "orderId" if bounds.kind == "whole" else
+                            "IDEMPOTENCY_KEY_JMESPATH": "orderId" if bounds.kind in ("whole", "durable") else
                             ("json_parse(body).orderId" if bounds.kind == "dup" else ""),
                             "IDEMPOTENCY_TTL_SECONDS": str(bounds.ttl_s),
-                            "IDEMPOTENCY_IN_PROGRESS_SECONDS": str(bounds.floor_s),
+                            "IDEMPOTENCY_IN_PROGRESS_SECONDS": str(self.floor_s),
                             "IDEMPOTENCY_WAIT_SECONDS": str(bounds.wait_s),
                             "IDEMPOTENCY_BATCH_PRECHECK": bounds.precheck,
-                            "IDEMPOTENCY_STREAM_FAILURES": "checkpoint" if bounds.checkpoint else "records"})
+                            "IDEMPOTENCY_STREAM_FAILURES": "checkpoint" if bounds.checkpoint else "records",
+                            "IDEMPOTENCY_DURABLE": "execution" if self.durable else "pass"})
         self.keys = KeyDeriver(self.config.key_prefix, self.config.key_jmespath, self.config.payload_jmespath)
-        count = bounds.environments or bounds.invocations
+        # Durable: every execution's invocations, in order, each waiting for the one before it to end.
+        slots = [(x, k) for x in range(bounds.invocations) for k in range(bounds.attempts)] if self.durable \
+            else [(None, 0)] * bounds.invocations
+        count = bounds.environments or len(slots)
         self.environments = [Environment(bounds.skew_s[e % len(bounds.skew_s)]) for e in range(count)]
-        self.invocations = [Invocation(i, self.environments[i % count], events_for(bounds.kind, bounds.records, i + 1))
-                            for i in range(bounds.invocations)]
+        self.invocations = [Invocation(i, self.environments[i % count], None if self.durable else events_for(
+            bounds.kind, bounds.records, i + 1), execution=x, attempt=k) for i, (x, k) in enumerate(slots)]
+        self.executions = [Execution(x, f"{EXECUTIONS}/delivery-{x}/{x + 1:08x}") for x in range(bounds.invocations)
+                           ] if self.durable else []
+        self.durable_key = self.keys.key({"orderId": KEY}) if self.durable else None
         self.max_skew = max(bounds.skew_s)
 
     # -- the actors' side ------------------------------------------------------------------------------------
@@ -372,12 +431,13 @@ class World:
         actor.go.wait()
         actor.go.clear()
         actor.pending = None
+        if actor.invocation.dead:
+            raise _Died
         if pending.action in ("die", "die-after"):
             actor.invocation.dead = True
             if pending.action == "die":
                 raise _Died
-        if actor.invocation.dead:
-            raise _Died
+            # die-after: the caller lands its request, or makes its side effect, then raises the death itself
         return pending
 
     def sleep(self, seconds: float) -> None:
@@ -386,8 +446,10 @@ class World:
     def request(self, operation: str, params: dict) -> dict:
         invocation = self.actor().invocation
         self._check_fenced(invocation, operation, params)
-        pending = self.gate(Pending("request", operation, params))
-        action = pending.action
+        if invocation.outage:  # the table down for the rest of the invocation: refused at once, no step
+            action: str | None = "throttle"
+        else:
+            action = self.gate(Pending("request", operation, params)).action
         if action == "throttle":
             raise DynamoDBError(operation, "ThrottlingException", "Rate of requests exceeds the allowed throughput",
                                 status=400)
@@ -414,8 +476,11 @@ class World:
             if params.get("ConditionExpression") != "#o = :me" or params["ExpressionAttributeNames"]["#o"] != "owner":
                 self.fail(f"{operation} not conditioned on the owner")
             # A completion must carry a claim that landed; a release may withdraw a claim whose outcome it never
-            # heard (its own token, so it deletes nothing of anyone else's).
-            known = invocation.owners if operation == "UpdateItem" else invocation.tokens
+            # heard (its own token, so it deletes nothing of anyone else's). A durable execution's claim is the
+            # execution's: any invocation of it may have made it.
+            known: dict[str, str] = {}
+            for mine in self._same_execution(invocation):
+                known.update(mine.owners if operation == "UpdateItem" else mine.tokens)
             if me not in known:
                 self.fail(f"{operation} fenced with a token it never claimed")
             key = known[me]
@@ -447,6 +512,10 @@ class World:
             owner = params["Item"]["owner"]["S"]
             invocation.owners[owner] = key
             invocation.claimed_at[owner] = self.now
+            if invocation.execution is not None:
+                self.executions[invocation.execution].lease_ms = int(params["Item"]["in_progress_until"]["N"])
+        if operation == "DeleteItem" and invocation.execution is not None:
+            self.releases.append((invocation.execution, key, len(self.choices)))
         if operation == "UpdateItem":
             if key in invocation.unfinished:
                 self._violation(invocation, "completed a key whose handler raised or reported its record failed")
@@ -465,6 +534,8 @@ class World:
 
     def handler(self, event: Any, context: Any) -> Any:
         invocation = self.actor().invocation
+        if invocation.execution is not None:
+            return self._workflow(invocation)
         ids = _record_ids(event) if isinstance(event, dict) and self.bounds.kind != "whole" else []
         if not ids:
             key = self.keys.key(event)
@@ -507,6 +578,9 @@ class World:
         invocation.ran.append((key, index))
         if key is None:
             return
+        if invocation.execution is not None:
+            self._step(invocation, key)
+            return
         for earlier in self.effects:
             if earlier.key != key:
                 continue
@@ -531,6 +605,121 @@ class World:
         purged = any(k == key and step > completion.step for k, step in self.purges)
         return purged or self.now + self.max_skew + EPSILON >= completion.expires_at
 
+    # -- durable executions -------------------------------------------------------------------------------------
+
+    def _workflow(self, invocation: Invocation) -> dict:
+        """The durable function, as AWS's SDK runs it: a step (the charge, the side effect, checkpointed once it
+        ran), then a wait (the invocation answers PENDING), then the step's receipt as the execution's result. A
+        later invocation replays what was checkpointed: the step's result, or its failure (answered FAILED)."""
+        execution = self.executions[invocation.execution or 0]
+        key = str(self.durable_key)
+        self._check_holds(invocation, key, "ran its workflow")
+        if execution.failed:
+            answer: dict = {"Status": FAILED, "Error": {"ErrorMessage": "the charge was declined",
+                                                       "ErrorType": "StepError"}}
+        elif execution.checkpointed:
+            answer = {"Status": SUCCEEDED, "Result": json.dumps(f"receipt of execution {execution.index}")}
+        elif self._effect_gate(invocation, key, 0) == "fail":  # the step failed, and the execution with it
+            execution.failed = True
+            answer = {"Status": FAILED, "Error": {"ErrorMessage": "the charge was declined", "ErrorType": "StepError"}}
+        else:
+            execution.checkpointed = True  # the step's result checkpointed, then the wait's start
+            answer = {"Status": PENDING}
+        if answer["Status"] == FAILED:
+            invocation.unfinished.add(key)  # never completed
+        invocation.workflow = _copy(answer)
+        return answer
+
+    def _envelope(self, invocation: Invocation) -> dict:
+        """What the durable service invokes with: the execution's ARN, a new checkpoint token each time, and the
+        operations so far (the EXECUTION operation with the input, then the step and the wait once checkpointed)."""
+        execution = self.executions[invocation.execution or 0]
+        operations: list[dict] = [{"Id": execution.arn.rsplit("/", 1)[-1], "Type": "EXECUTION", "Status": "STARTED",
+                                   "ExecutionDetails": {"InputPayload": json.dumps({"orderId": KEY})}}]
+        if execution.checkpointed or execution.failed:
+            operations.append({"Id": "charge", "Type": "STEP", "Status": FAILED if execution.failed else SUCCEEDED})
+        if execution.checkpointed:
+            operations.append({"Id": "wait", "Type": "WAIT", "Status": SUCCEEDED})
+        return {"DurableExecutionArn": execution.arn,
+                "CheckpointToken": f"token-{execution.index}-{invocation.attempt}",
+                "InitialExecutionState": {"Operations": operations, "NextMarker": ""}}
+
+    def _same_execution(self, invocation: Invocation) -> list[Invocation]:
+        if invocation.execution is None:
+            return [invocation]
+        return [i for i in self.invocations if i.execution == invocation.execution]
+
+    def _tokens_of(self, execution: int) -> set[str]:
+        """Every owner token an invocation of `execution` claimed with (its ARN, unless the layer is broken)."""
+        return {token for i in self.invocations if i.execution == execution for token in i.tokens}
+
+    def _check_holds(self, invocation: Invocation, key: str, what: str) -> None:
+        """The workflow runs only while its execution holds the key: a live claim of its own, or its own completed
+        record (the execution invoked again after its completion landed unheard)."""
+        item = self.db.item(key)
+        clock_ms = int((self.now + invocation.environment.skew) * 1000)
+        if item is None or item["owner"]["S"] not in self._tokens_of(invocation.execution or 0):
+            self.fail(f"execution {invocation.execution} {what} without holding key {key}")
+        if item["status"]["S"] == "INPROGRESS" and int(item["in_progress_until"]["N"]) < clock_ms:
+            self.fail(f"execution {invocation.execution} {what} after its lease on key {key} ended")
+
+    def _step(self, invocation: Invocation, key: str) -> None:
+        """A step's side effect (the charge): its execution holds the key, and no other execution's step of the key
+        ran before it unless that one is excused (within one execution steps are at-least-once, the SDK's)."""
+        self._check_holds(invocation, key, "ran its step")
+        for earlier in self.effects:
+            before = self.invocations[earlier.invocation]
+            if earlier.key != key or before.execution == invocation.execution or before.execution is None:
+                continue
+            if not self._durable_excused(before.execution, key, invocation):
+                self.fail(f"execution {invocation.execution} ran the workflow's step for key {key} at "
+                          f"+{self.now - T0:.3f}s after execution {before.execution} ran it at "
+                          f"+{earlier.at - T0:.3f}s, which "
+                          + ("SUCCEEDED" if self._durable_completion(before.execution, key) else "held the lease"))
+        self.effects.append(Effect(invocation.index, key, self.now))
+
+    def _durable_completion(self, execution: int, key: str) -> Completion | None:
+        return next((c for c in self.completions
+                     if c.key == key and self.invocations[c.invocation].execution == execution), None)
+
+    def _durable_excused(self, execution: int, key: str, runner: Invocation) -> bool:
+        """Whether a step of another execution may follow `execution`'s: its completed record purged since or
+        expired; else it released the key (it FAILED); else it is over (settled, stopped, or never invoked again)
+        and its lease has ended by the running environment's clock (the documented limit)."""
+        completion = self._durable_completion(execution, key)
+        if completion is not None:
+            purged = any(k == key and step > completion.step for k, step in self.purges)
+            return purged or self.now + self.max_skew + EPSILON >= completion.expires_at
+        if any(x == execution and k == key for x, k, _ in self.releases):
+            return True
+        lease = self.executions[execution].lease_ms / 1000
+        return self._over(execution) and lease <= self.now + runner.environment.skew + EPSILON
+
+    def _over(self, execution: int) -> bool:
+        """Whether the service will invoke `execution` no more: its answer ended it, its timeout passed, or its
+        invocations are spent; and none of them is running."""
+        state = self.executions[execution]
+        mine = [i for i in self.invocations if i.execution == execution]
+        if state.settled:
+            return True
+        if any(i.started_at is not None and not i.finished for i in mine):
+            return False
+        return (state.started_at is not None and self.now >= state.ends_at) or all(i.finished for i in mine)
+
+    def _startable(self, invocation: Invocation) -> bool | None:
+        """Whether the service may invoke this slot of its execution now (True), later (False), or never (None)."""
+        if invocation.execution is None:
+            return True
+        state = self.executions[invocation.execution]
+        if state.settled or (state.started_at is not None and self.now >= state.ends_at):
+            return None
+        if invocation.attempt == 0:
+            return True
+        before = self.invocations[invocation.index - 1]
+        if before.finished:
+            return None if before.started_at is None else True
+        return False
+
     # -- an environment ----------------------------------------------------------------------------------------
 
     def executor_of(self, environment: Environment) -> Executor:
@@ -548,22 +737,36 @@ class World:
     def batch_of(self, event: Any) -> Any:
         return plan_of(self.config, self.keys, event)
 
+    def _start(self, invocation: Invocation) -> None:
+        invocation.environment.busy = True
+        invocation.started_at = self.now
+        invocation.last_landed = len(self.choices)
+        invocation.deadline = self.now + TIMEOUT_MS / 1000
+        if invocation.execution is not None:  # the service stops an execution at its execution timeout
+            execution = self.executions[invocation.execution]
+            if execution.started_at is None:
+                execution.started_at, execution.ends_at = self.now, self.now + self.floor_s
+            invocation.deadline = min(invocation.deadline, execution.ends_at)
+            invocation.event = self._envelope(invocation)
+        # As the runtime computes it: Lambda's deadline minus this environment's clock.
+        invocation.remaining_ms = int((invocation.deadline - (self.now + invocation.environment.skew)) * 1000)
+
     def body(self, invocation: Invocation) -> None:
         environment = invocation.environment
         try:
-            self.gate(Pending("start"))
-            environment.busy = True
-            invocation.started_at = self.now
-            invocation.last_landed = len(self.choices)
-            invocation.deadline = self.now + TIMEOUT_MS / 1000
+            if self.gate(Pending("start")).action == "skip":  # a durable execution's invocation that never came
+                invocation.outcome = ("never",)
+                return
+            self._start(invocation)
             executor = self.executor_of(environment)
-            # As the runtime computes it: Lambda's deadline minus this environment's clock.
-            invocation.remaining_ms = int((invocation.deadline - (self.now + environment.skew)) * 1000)
             event = _copy(invocation.event)
             value = executor.run(plan_of(self.config, self.keys, event), event, None, Served(invocation.remaining_ms))
             if invocation.dead:
                 raise _Died  # the layer caught a death (a BaseException) on a write path and went on
             invocation.outcome = ("ok", value)
+            if invocation.execution is not None and isinstance(value, dict) and value.get("Status") in (
+                    SUCCEEDED, FAILED):
+                self.executions[invocation.execution].settled = value["Status"]  # the execution ends so
         except _Died:
             invocation.outcome = ("died",)
         except HandlerFailed:
@@ -583,7 +786,9 @@ class World:
             if invocation.started_at is not None:
                 left = invocation.started_at + invocation.remaining_ms / 1000 - self.now
                 invocation.late = left < CLAIM_DEADLINE_MARGIN_MS / 1000
-            environment.busy = False
+                environment.busy = False
+            if invocation.execution is not None:
+                invocation.record_at_end, invocation.ended_at = _copy(self.db.item(str(self.durable_key))), self.now
             with self.cond:
                 self.running -= 1
                 self.cond.notify_all()
@@ -630,8 +835,8 @@ class World:
         for actor in sorted((a for a in self.actors if a.pending is not None), key=lambda a: a.name):
             pending = actor.pending
             assert pending is not None
-            if pending.kind == "start" and actor.invocation.environment.busy:
-                continue  # an environment runs one invocation at a time
+            if pending.kind == "start" and (actor.invocation.environment.busy or not self._startable(actor.invocation)):
+                continue  # an environment runs one invocation at a time; an execution's invocations one after another
             if pending.kind == "sleep" and pending.wake > self.now:
                 continue
             kinds = ["ok"]
@@ -640,6 +845,8 @@ class World:
                     kinds += ["throttle", "lost"]
                 if self.lates < b.late:
                     kinds.append("late")
+                if self.outaged < b.outages and pending.what in ("UpdateItem", "DeleteItem"):
+                    kinds.append("outage")  # a completion or a release that does not land, retries and all
                 if self.crashes < b.crashes:
                     kinds += ["die", "die-after"]
             elif pending.kind == "effect":
@@ -665,6 +872,13 @@ class World:
                 found.append((f"clock+{moments[0] - T0:.3f}s", moments[0], "advance" if found else "wait"))
         return found
 
+    def _skip_never(self) -> None:
+        """Durable: the invocations the service will never make (their execution ended) end without starting."""
+        for actor in sorted(self.actors, key=lambda a: a.invocation.index):
+            pending = actor.pending
+            if pending is not None and pending.kind == "start" and self._startable(actor.invocation) is None:
+                self._release(actor, "skip")
+
     def _purge(self, key: str) -> None:
         """What `idempotency-layer purge KEY --yes` does: a live claim is refused; else the record is deleted."""
         item = self.db.item(key)
@@ -689,6 +903,7 @@ class World:
             actor.thread.start()
         self._settle()
         while True:
+            self._skip_never()
             options = self.actions()
             if not options:
                 break
@@ -704,6 +919,10 @@ class World:
             elif kind == "land":
                 invocation, operation, params = self.inflight.pop(target)
                 self._land(invocation, operation, params)
+            elif kind == "outage":
+                self.outaged += 1
+                target.invocation.outage = True
+                self._release(target, "throttle")
             elif kind.startswith("slow-"):  # the handler works until shortly before its deadline
                 self.slowed += 1
                 assert target.invocation.deadline is not None
@@ -718,6 +937,7 @@ class World:
                     target.invocation.faulted = True  # a completion or release that failed may leave its claim
                 if kind == "late":
                     self.lates += 1
+                    target.invocation.sent_late = True
                 if kind in ("die", "die-after"):
                     self.crashes += 1
                 self._release(target, kind)
@@ -738,11 +958,16 @@ class World:
             if invocation.outcome and invocation.outcome[0] == "raised":
                 raise Violation(f"invocation {invocation.index}: {invocation.outcome[1]}")
             if invocation.outcome and invocation.outcome[0] == "ok":
-                if self.bounds.kind == "whole":
+                if self.durable:
+                    self._check_execution_answer(invocation)
+                elif self.bounds.kind == "whole":
                     self._check_answer(invocation)
                 else:
                     self._check_batch(invocation)
-        self._check_claims()
+        if self.durable:
+            self._check_leases()
+        else:
+            self._check_claims()
 
     def _check_answer(self, invocation: Invocation) -> None:
         value = invocation.outcome[1]
@@ -812,6 +1037,72 @@ class World:
             if kept != set(range(first, len(units))):
                 raise Violation(f"invocation {invocation.index} kept records {sorted(kept)} of a FIFO group: a later "
                                 "one was dropped while an earlier one comes back")
+
+    def _check_execution_answer(self, invocation: Invocation) -> None:
+        """What a durable execution's invocation answered: its workflow's answer, passed on only once the claim
+        followed it (SUCCEEDED: the key completed; FAILED: no claim of the execution left); or, its workflow not
+        run, the first execution's result or the in-progress refusal of another execution's live claim."""
+        answer, record, x = invocation.outcome[1], invocation.record_at_end, invocation.execution or 0
+        mine = self._tokens_of(x)
+        held = record is not None and record["owner"]["S"] in mine
+        status = record["status"]["S"] if record is not None else None
+        said = f"invocation {invocation.index} (execution {x})"
+        if invocation.workflow is not None:
+            if answer != invocation.workflow:
+                raise Violation(f"{said} answered {answer!r}, its workflow answered {invocation.workflow!r}")
+            if answer["Status"] == SUCCEEDED and not (held and status == "COMPLETED"):
+                raise Violation(f"{said} answered SUCCEEDED, but its completion had not landed: the execution "
+                                "ends with its key still claimed")
+            late = any(i.sent_late for i in self._same_execution(invocation))  # a claim of its own may land after
+            if answer["Status"] == FAILED and held and status == "INPROGRESS" and not late:
+                raise Violation(f"{said} answered FAILED and left its lease behind")
+            return
+        given = answer.get("Status") if isinstance(answer, dict) else None
+        if given == FAILED:
+            error = answer.get("Error") or {}
+            if error.get("ErrorType") != IN_PROGRESS_TYPE:
+                raise Violation(f"{said}, a duplicate, answered FAILED with {error!r}")
+            clock_ms = int((invocation.ended_at + invocation.environment.skew) * 1000)
+            if held or status != "INPROGRESS" or int(record["in_progress_until"]["N"]) < clock_ms:  # type: ignore
+                raise Violation(f"{said} was refused as in progress, but no other execution held a live claim "
+                                "(the owner's own invocations are never refused)")
+            return
+        if given != SUCCEEDED or set(answer) != {"Status", "Result"}:
+            raise Violation(f"{said}, a duplicate, answered {answer!r}")
+        self._check_execution_replay(invocation, answer["Result"])
+
+    def _check_execution_replay(self, invocation: Invocation, value: Any) -> None:
+        key = str(self.durable_key)
+        said = f"invocation {invocation.index} (execution {invocation.execution})"
+        stored = [c for c in self.completions if c.key == key and c.value == value]
+        if not stored:
+            raise Violation(f"{said} replayed {value!r}, which no completion of its key stored")
+        completion = stored[0]
+        if self.invocations[completion.invocation].execution == invocation.execution:
+            raise Violation(f"{said} was answered its own execution's result without running (the owner runs)")
+        purged = [step for k, step in self.purges if k == key and completion.step < step < invocation.last_landed]
+        if purged:
+            raise Violation(f"{said} replayed {value!r}, whose record was purged before it last read the table")
+        assert invocation.started_at is not None
+        if invocation.started_at - self.max_skew - EPSILON > completion.expires_at:
+            raise Violation(f"{said} replayed {value!r}, whose record had expired")
+
+    def _check_leases(self) -> None:
+        """Durable: an execution's lease ends within IDEMPOTENCY_IN_PROGRESS_SECONDS (the execution timeout) and
+        the claim margin of the moment its claim landed, by the claiming environment's clock. (That a settled
+        execution leaves no lease is checked on its answer.)"""
+        for item in self.db.items.values():
+            if item["status"]["S"] != "INPROGRESS":
+                continue
+            owner = item["owner"]["S"]
+            maker = max((i for i in self.invocations if owner in i.claimed_at), key=lambda i: i.claimed_at[owner])
+            state = self.executions[maker.execution or 0]
+            until = int(item["in_progress_until"]["N"]) / 1000
+            latest = (maker.claimed_at[owner] + max(self.floor_s, maker.remaining_ms / 1000)
+                      + CLAIM_MARGIN_MS / 1000 + maker.environment.skew + EPSILON)
+            if until > latest:
+                raise Violation(f"execution {state.index}'s lease outlives IDEMPOTENCY_IN_PROGRESS_SECONDS by "
+                                f"{until - latest:.3f}s")
 
     def _check_claims(self) -> None:
         for item in self.db.items.values():
@@ -964,11 +1255,40 @@ BATCHES = {
     for kind, precheck in (("sqs", "auto"), ("fifo", "auto"), ("dup", "auto"), ("kinesis", "always"),
                            ("kafka", "auto"))
 }
+# Durable executions (IDEMPOTENCY_DURABLE=execution): an execution's lease held across its invocations (each
+# after the one before ended: its wait, a failure, a death), its envelope replayed to a later invocation of it and
+# to another execution of the same input, completions and releases that do not land (outages), the execution
+# timeout and the lease's end.
+DURABLE = {
+    "durable: one execution's invocations, a fault, a crash, an outage": Bounds(
+        kind="durable", invocations=1, faults=1, crashes=1, advances=2, outages=1),
+    "durable: one execution's request landing late, an outage": Bounds(
+        kind="durable", invocations=1, faults=1, crashes=0, advances=1, late=1, outages=1),
+    "durable: two executions of one input, a crash, a clock jump": Bounds(
+        kind="durable", invocations=2, faults=0, crashes=1, advances=1, attempts=2),
+    "durable: two executions of one input, a fault, an outage": Bounds(
+        kind="durable", invocations=2, faults=1, crashes=0, advances=0, outages=1),
+    "durable: two executions, the lease's end, skewed clocks": Bounds(
+        kind="durable", invocations=2, faults=0, crashes=0, advances=2, attempts=2, skew_s=(0.0, 0.9)),
+}
+DURABLE_DEEP = {
+    "durable: two executions of one input, a crash": Bounds(
+        kind="durable", invocations=2, faults=0, crashes=1, advances=0),
+    "durable: two executions, three invocations each, a crash, a clock jump": Bounds(
+        kind="durable", invocations=2, faults=0, crashes=1, advances=1),
+    "durable: two executions, the lease's end, skewed clocks, three invocations each": Bounds(
+        kind="durable", invocations=2, faults=0, crashes=0, advances=2, skew_s=(0.0, 0.9)),
+    "durable: two executions, a purge": Bounds(kind="durable", invocations=2, faults=0, crashes=0, advances=1,
+                                               purges=1),
+    "durable: two executions, a fault, a crash, an outage": Bounds(
+        kind="durable", invocations=2, faults=1, crashes=1, advances=0, attempts=2, outages=1),
+}
 CI: dict[str, tuple[Bounds, int]] = {
     **{name: (bounds, 0) for name, bounds in WHOLE.items()},
     **{f"{kind} batches, one record": (Bounds(invocations=2, faults=1, crashes=1, advances=1, kind=kind, records=1),
                                        0) for kind in ("sqs", "kinesis", "kafka")},
     **{name: (bounds, 1500) for name, bounds in BATCHES.items()},
+    **{name: (bounds, 0) for name, bounds in DURABLE.items()},
 }
 DEEP: dict[str, tuple[Bounds, int]] = {
     **{name: (bounds, 0) for name, bounds in WHOLE.items()},
@@ -978,6 +1298,7 @@ DEEP: dict[str, tuple[Bounds, int]] = {
     **{f"{kind} batches, exhaustive": (Bounds(invocations=2, faults=1, crashes=0, advances=0, kind=kind), 0)
        for kind in ("sqs", "fifo", "dup", "kinesis", "kafka")},
     **{name: (bounds, 20000) for name, bounds in BATCHES.items()},
+    **{name: (bounds, 0) for name, bounds in {**DURABLE, **DURABLE_DEEP}.items()},
 }
 
 
@@ -990,8 +1311,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--deep", action="store_true", help="every search of DEEP (about an hour)")
     parser.add_argument("--ci", action="store_true", help="every search of the suite's slice")
+    parser.add_argument("--only", default="", help="with --ci or --deep: the searches whose name contains this")
     parser.add_argument("--walks", type=int, default=0, help="random walks instead of the whole search")
-    parser.add_argument("--kind", default="whole", choices=("whole", "sqs", "fifo", "dup", "kinesis", "kafka"))
+    parser.add_argument("--kind", default="whole", choices=("whole", "sqs", "fifo", "dup", "kinesis", "kafka",
+                                                                 "durable"))
     parser.add_argument("--invocations", type=int, default=3)
     parser.add_argument("--faults", type=int, default=1)
     parser.add_argument("--crashes", type=int, default=1)
@@ -1007,14 +1330,17 @@ def main() -> int:
     parser.add_argument("--late", type=int, default=0)
     parser.add_argument("--precheck", default="auto", choices=("auto", "always", "never"))
     parser.add_argument("--slow", type=float, nargs="*", default=[], help="seconds before the deadline")
+    parser.add_argument("--attempts", type=int, default=3, help="durable: invocations of each execution")
+    parser.add_argument("--outages", type=int, default=0, help="completions or releases that do not land")
     options = parser.parse_args()
     if options.deep or options.ci:
-        searches = DEEP if options.deep else CI
+        searches = {name: search for name, search in (DEEP if options.deep else CI).items() if options.only in name}
     else:
         searches = {"the given bounds": (Bounds(
             options.invocations, options.faults, options.crashes, options.advances, tuple(options.skew),
             options.environments, options.cache, options.kind, options.records, options.wait, options.floor,
-            options.ttl, options.purges, options.late, options.precheck, slow_s=tuple(options.slow)), options.walks)}
+            options.ttl, options.purges, options.late, options.precheck, slow_s=tuple(options.slow),
+            attempts=options.attempts, outages=options.outages), options.walks)}
     total, began = 0, _real_time.monotonic()
     for name, (bounds, walks) in searches.items():
         started = _real_time.monotonic()
