@@ -137,9 +137,14 @@ class Bucket:
         self.timeouts = (connect_timeout, read_timeout)
         self.cafile = cafile
         self._signer = Signer(*credentials, region, "s3")
+        self.root = ""  # an endpoint's own path, which botocore sends before the bucket's (path style)
         if endpoint:
             parts = urlsplit(endpoint)
-            self.scheme, self.host, self.base = parts.scheme, parts.netloc, f"/{quote(name)}"
+            if parts.query or parts.fragment or parts.username is not None or parts.password is not None:
+                raise ValueError("the S3 endpoint URL (AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL) must be "
+                                 "scheme://host[:port][/path]: it holds a user, a query or a fragment")
+            self.root = _endpoint_root(parts.path)
+            self.scheme, self.host, self.base = parts.scheme, parts.netloc, f"{self.root}/{quote(name)}"
         else:
             self.scheme, self.host, self.base = "https", f"{name}.s3.{region}.amazonaws.com", ""
         self._context: Any = None
@@ -152,7 +157,7 @@ class Bucket:
         other.__dict__.update(self.__dict__)
         other.name = name
         if self.base:
-            other.base = f"/{quote(name)}"
+            other.base = f"{self.root}/{quote(name)}"
         else:
             other.host = self.host.replace(f"{self.name}.s3.", f"{name}.s3.", 1)
         return other
@@ -247,14 +252,30 @@ class Bucket:
                 watchdog.cancel()
                 conn.close()
             status = response.status
-            if status < 300 or (status == 404 and method in ("GET", "DELETE")):
+            if status < 300:
                 return status, answer
             code = _code(answer)
+            # A 404 is an object that is not there only when S3 says so (NoSuchKey): a bucket that is gone, or a
+            # path no S3 serves, is a failure (S3 answers a DELETE of a missing object 204).
+            if status == 404 and method == "GET" and code == "NoSuchKey":
+                return status, answer
             if status >= 500 and attempt < _ATTEMPTS and (deadline is None or deadline.allows(0.05)):
                 continue
             raise S3Error(f"S3 {method} s3://{self.name}/{object_key} failed: HTTP {status} {code}", code=code,
                           uncertain=status >= 500)
         raise AssertionError("unreachable")
+
+
+def _endpoint_root(path: str) -> str:
+    """An endpoint's path as botocore puts it before the bucket (path style): dot and empty segments resolved, then
+    percent-encoded but for / and ~ (a % too: botocore encodes the path it is given once more); a ';', after which
+    botocore drops the rest of its segment, is refused."""
+    from .dynamodb.target import without_dot_segments
+
+    if ";" in path:
+        raise ValueError("the S3 endpoint URL's path (AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL) holds ';', which "
+                         "botocore drops with the rest of its segment: write it as %3B")
+    return quote(without_dot_segments(path), safe="/~").rstrip("/")
 
 
 def _shut(conn: Any, fired: list[bool]) -> None:
@@ -289,6 +310,11 @@ def from_environment(name: str, prefix: str, *, connect_timeout: float, read_tim
     access, secret, token = function_credentials(os.environ) or ("", "", None)
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or ""
-    return Bucket(name, prefix, region=region, credentials=(access, secret, token),
-                  connect_timeout=connect_timeout, read_timeout=read_timeout, endpoint=endpoint,
-                  cafile=ca_bundle(os.environ) if not (endpoint or "").startswith("http:") else None)
+    try:
+        return Bucket(name, prefix, region=region, credentials=(access, secret, token),
+                      connect_timeout=connect_timeout, read_timeout=read_timeout, endpoint=endpoint,
+                      cafile=ca_bundle(os.environ) if not (endpoint or "").startswith("http:") else None)
+    except ValueError as error:  # the endpoint: said as the setting's error, init fails (the CLI: exit 2)
+        from .errors import IdempotencyConfigurationError
+
+        raise IdempotencyConfigurationError(f"IDEMPOTENCY_LARGE_RESULTS_BUCKET: {error}") from None

@@ -180,6 +180,14 @@ BROKEN_ANSWERS = {
     "a number that is none": b":zero\r\n",
     "an unknown type": b"!3\r\nabc\r\n",
     "a negative length": b"$-7\r\n",
+    # Well-formed RESP that the claim script never answers (issue 42's hostile round): each may follow a claim that
+    # landed, so each is uncertain and withdrawn too.
+    "an empty array": b"*0\r\n",
+    "a hash that is no record": b"*2\r\n$1\r\nx\r\n$1\r\ny\r\n",
+    "a record without its expiry": b"*2\r\n$1\r\ns\r\n$9\r\nCOMPLETED\r\n",
+    "a completed record without its result": b"*4\r\n$1\r\ns\r\n$9\r\nCOMPLETED\r\n$1\r\ne\r\n:9999999999\r\n",
+    "a status that is an error": b"*4\r\n$1\r\ns\r\n-ERR\r\n$1\r\ne\r\n:5\r\n",
+    "an error no script gives": b"-ERR boom\r\n",
 }
 
 
@@ -436,8 +444,8 @@ def test_a_database_in_the_url_needs_select_and_init_says_so(server: Server) -> 
     server.command("ACL", "SETUSER", "orders-db", "reset", "on", ">acl-password-1", *ACL.split())
     server.command("ACL", "SETUSER", "orders-db-select", "reset", "on", ">acl-password-1", *ACL.split(), "+select")
 
-    def store(user: str) -> ValkeyStore:
-        url = Valkey(tls=False, host="127.0.0.1", port=server.port, db=2, username=user, password="acl-password-1")
+    def store(user: str, db: int = 2) -> ValkeyStore:
+        url = Valkey(tls=False, host="127.0.0.1", port=server.port, db=db, username=user, password="acl-password-1")
         return ValkeyStore(Client(url, connect_timeout=1, read_timeout=5, max_attempts=2))
 
     try:
@@ -449,6 +457,11 @@ def test_a_database_in_the_url_needs_select_and_init_says_so(server: Server) -> 
         with pytest.raises(IdempotencyPersistenceLayerError, match=r"\(SELECT\)") as denied:
             Cycle(store("orders-db"), ttl_seconds=3600).run(Invocation(LONG), "orders#db", Handler())
         assert denied.value.denied and denied.value.permanent
+        # With +select, a database the server does not have is named as such, not blamed on the grant.
+        with pytest.raises(IdempotencyConfigurationError, match=r"refused SELECT 99, the database the URL names: "
+                                                                r"name one the server has") as missing:
+            store("orders-db-select", 99).verify(Deadline.after(5))
+        assert "+select" not in str(missing.value)
         granted = store("orders-db-select")
         granted.verify(Deadline.after(5))
         handler = Handler()

@@ -7,7 +7,7 @@ import re
 from collections import namedtuple
 from urllib.parse import quote, urlsplit
 
-__all__ = ["Credentials", "RequestTarget", "Target", "request_target"]
+__all__ = ["Credentials", "RequestTarget", "Target", "request_target", "without_dot_segments"]
 
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
@@ -98,7 +98,7 @@ def request_target(endpoint: str) -> RequestTarget:
     wire = _encoded(path, _PATH_CHARS)
     if parts.query:
         wire += "?" + _encoded(parts.query, _QUERY_CHARS)
-    return RequestTarget(wire, quote(_without_dot_segments(path), safe="/~"), _sorted_query(parts.query))
+    return RequestTarget(wire, quote(without_dot_segments(path), safe="/~"), _sorted_query(parts.query))
 
 
 def _encoded(component: str, allowed: frozenset[str]) -> str:
@@ -112,7 +112,7 @@ def _encoded(component: str, allowed: frozenset[str]) -> str:
     return "".join(out)
 
 
-def _without_dot_segments(path: str) -> str:
+def without_dot_segments(path: str) -> str:
     # botocore.utils.remove_dot_segments: RFC 3986 5.2.4, and empty segments removed too (AWS services want it).
     kept: list[str] = []
     for segment in path.split("/"):

@@ -81,6 +81,12 @@ end
 return 0
 """
 _PEEK = ("s", "e", "u", "o", "h")
+# Error answers that say a command did not run: the server refused it before running it (rights, memory, a node
+# that cannot serve now, a redirection), or the key holds another type. Any other error answer to a write script
+# is not one the layer's scripts give (they raise nothing after a write), so the write may have landed.
+_NOT_RUN = frozenset({"NOPERM", "NOAUTH", "WRONGPASS", "OOM", "WRONGTYPE", "BUSY", "LOADING", "TRYAGAIN",
+                      "CLUSTERDOWN", "MASTERDOWN", "READONLY", "MOVED", "ASK", "CROSSSLOT", "NOREPLICAS",
+                      "NOSCRIPT", "SECRET"})
 _READ = ("s", "e", "h")
 
 
@@ -138,6 +144,9 @@ class ValkeyStore:
                 said = ("refused the credentials" if error.code in ("WRONGPASS", "NOAUTH") else
                         f"refused the user SELECT {self.client.url.db}, the database the URL names: give the ACL "
                         "user +select too, or leave the database out of the URL (docs/valkey.md: Permissions)"
+                        if error.step == "SELECT" and error.code == "NOPERM" else
+                        f"refused SELECT {self.client.url.db}, the database the URL names: name one the server has "
+                        "(from 0 to its databases setting less one), or leave it out of the URL"
                         if error.step == "SELECT" else
                         "refused the user INFO or CLUSTER SLOTS, which the layer needs to check its eviction policy "
                         "(docs/valkey.md: Permissions)" if error.code == "NOPERM" else
@@ -158,17 +167,21 @@ class ValkeyStore:
         return {node: _info(client.command(None, "INFO", "memory", deadline=deadline, node=node)).get(
             "maxmemory_policy") for node in nodes}
 
-    def _call(self, what: str, key: str | None, run: Any, count: int = 1) -> Any:
+    def _call(self, what: str, key: str | None, run: Any, count: int = 1, write: bool = False) -> Any:
+        """`run()`, its failures as the store's error. `write`: a script that writes (claim, complete, release), whose
+        refusal is taken for "it did not run" only when the server's code says so (`_NOT_RUN`): any other error
+        answer is not one the layer's scripts give, so the write may have landed (uncertain: a claim is withdrawn)."""
         subject = f"key {key!r}" if key is not None else f"{count} keys"
         try:
             return run()
         except ValkeyError as error:
             # A refusal of the user's rights is permanent (no retry grants them); one key's odd value is not.
             denied = error.code == "NOPERM" or _script_denied(str(error))
+            uncertain = error.uncertain or (write and error.code is not None and error.code not in _NOT_RUN)
             raise IdempotencyPersistenceLayerError(
                 f"Valkey {what} on {self.table} failed for {subject}: {error}",
                 permanent=denied or error.code in ("NOAUTH", "WRONGPASS"),
-                uncertain=error.uncertain, denied=denied,
+                uncertain=uncertain, denied=denied,
             ) from error
         except Exception as error:  # nothing of the client's should escape; if it does, it may have been sent
             raise IdempotencyPersistenceLayerError(
@@ -185,6 +198,8 @@ class ValkeyStore:
             until = fields_.get("u")
             result = None
             form = _text(fields_.get("f"))
+            if with_result and status == COMPLETED and form is None:
+                raise ValueError("a completed record without its result's format")  # the complete script writes one
             if with_result and form is not None:
                 data = fields_.get("r")
                 if data is not None and not codec.is_binary(form):
@@ -219,22 +234,27 @@ class ValkeyStore:
         self._check_first(deadline)
         args = [owner, int(now), int(now * 1000), in_progress_until, expires_at, fingerprint or "",
                 _cleanup_in(expires_at, now)]
-        answer = self._call("claim", key, lambda: _CLAIM.run(self.client, key, args, deadline))
+        answer = self._call("claim", key, lambda: _CLAIM.run(self.client, key, args, deadline), write=True)
         if answer == 0:
             return None
-        return self._record(key, _pairs(answer))
+        try:
+            return self._record(key, _pairs(answer))
+        except IdempotencyPersistenceLayerError as error:
+            # Not the record the script answers a live one with: the claim may have landed all the same, so it is
+            # uncertain, and the cycle withdraws it (under this owner token: nothing of anyone else's is deleted).
+            raise IdempotencyPersistenceLayerError(str(error), uncertain=True) from None
 
     def complete(self, key: str, owner: str, result: codec.Encoded, expires_at: int,
                  deadline: Deadline | None = None) -> bool:
         data = result.data
         args = [owner, expires_at, result.format, "0" if data is None else "1", b"" if data is None else data,
                 _cleanup_in(expires_at, time.time())]
-        answer = self._call("complete", key, lambda: _COMPLETE.run(self.client, key, args, deadline))
+        answer = self._call("complete", key, lambda: _COMPLETE.run(self.client, key, args, deadline), write=True)
         return bool(_expected(answer, (0, 1), "complete", key))
 
     def release(self, key: str, owner: str, deadline: Deadline | None = None) -> bool:
-        answer = _expected(self._call("release", key, lambda: _RELEASE.run(self.client, key, [owner], deadline)),
-                           (0, 1, 2), "release", key)
+        answer = _expected(self._call("release", key, lambda: _RELEASE.run(self.client, key, [owner], deadline),
+                                      write=True), (0, 1, 2), "release", key)
         if answer == 2:
             # Nothing there: our own release already landed (sent again after a lost answer), or it expired.
             _logger.info("claim on key %r was already gone at release", key, extra=fields(key, "released"))
