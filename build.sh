@@ -10,7 +10,8 @@
 #   ./build.sh invoke --code DIR --handler MODULE.FUNCTION --event FILE [--times N] [--env NAME=VALUE ...]
 #                                       your own function under the layer, locally (scripts/invoke.py)
 #   ./build.sh bench [ARGS...]          bench/run.py
-#   ./build.sh chaos [ARGS...]          the fault-injection soak (tools/chaos.py; --help for its flags; --durable: tools/durable_soak.py)
+#   ./build.sh chaos [ARGS...]          the fault-injection soak (tools/chaos.py; --help for its flags; --durable: tools/durable_soak.py;
+#                                       --valkey: tools/valkey_soak.py, the Valkey store with its server restarted)
 #   ./build.sh sam-local                the README's SAM commands, run and checked (scripts/sam-local.sh)
 set -euo pipefail
 
@@ -312,6 +313,12 @@ cmd_chaos() {
   ensure_venv test
   cmd_build
   "$VENV/bin/python" -m tests.support.downloads
+  if [[ "${1:-}" == "--valkey" ]]; then
+    shift
+    ensure_redis
+    in_run_tmpdir "$VENV/bin/python" -m tools.valkey_soak "$@"
+    return
+  fi
   in_run_tmpdir "$VENV/bin/python" -m tools.chaos "$@"
 }
 
