@@ -10,8 +10,7 @@
 #   ./build.sh invoke --code DIR --handler MODULE.FUNCTION --event FILE [--times N] [--env NAME=VALUE ...]
 #                                       your own function under the layer, locally (scripts/invoke.py)
 #   ./build.sh bench [ARGS...]          bench/run.py
-#   ./build.sh chaos [ARGS...]          the fault-injection soak (tools/chaos.py; --help for its flags; --durable: tools/durable_soak.py;
-#                                       --valkey: tools/valkey_soak.py, the Valkey store with its server restarted)
+#   ./build.sh chaos [ARGS...]          the fault-injection soak (tools/chaos.py; --help for its flags; --durable: tools/durable_soak.py; --valkey first: tools/valkey_soak.py)
 #   ./build.sh sam-local                the README's SAM commands, run and checked (scripts/sam-local.sh)
 set -euo pipefail
 
