@@ -117,7 +117,7 @@ build_arch() { # ARCH WITH_BOTO3
   rm -rf "$stage/python/bin"
   # OpenSSL reads only the certificates a chain needs from these, not the whole CA bundle (scripts/cacert_dirs.py).
   "$(host_python)" scripts/cacert_dirs.py --no-host --scan "$stage/python" --scan "$ROOT/build/ca-bundles" \
-    "$stage/python/idempotency_layer/dynamodb/cacerts"
+    "$stage/python/idempotency_layer/aws/cacerts"
   # Bytecode of the layer's own modules for each Python this machine can compile for: /opt is read-only on
   # Lambda, so without it every cold start compiles them from source. Unchecked-hash .pyc files: valid
   # whatever the files' timestamps (the zip fixes them), and the sources never change under a layer.

@@ -57,7 +57,7 @@ class Floor:
         import bench_handler
         from common import Context
 
-        from idempotency_layer.dynamodb import connection
+        from idempotency_layer.stores.dynamodb import connection
 
         written: list[bytes] = []
         original = connection._Connection.send

@@ -79,13 +79,13 @@ print(origin("idempotency_layer.interceptor"), origin("aws_lambda_powertools.uti
       origin("bench_handler"), origin("botocore.session"), flush=True)
 # Which transport the layer built (the lean client with its target's source, or boto3), and whether its init went
 # over TLS (the connection pool keeps the context it made for its first connection); whether ssl was imported by
-# ready, on any system; how the layer trusted its CA bundle, as dynamodb.trust records it ("capath": a shipped
+# ready, on any system; how the layer trusted its CA bundle, as aws.trust records it ("capath": a shipped
 # directory, "cafile": the file).
 cycle = getattr(getattr(sys.modules.get("idempotency_layer.interceptor"), "handler", None), "cycle", None)
 transport = getattr(getattr(cycle, "store", None), "transport", None)
 pool = getattr(transport, "pool", None)
 tls = getattr(pool, "_context", None) is not None
-way = getattr(sys.modules.get("idempotency_layer.dynamodb.trust"), "last_way", None) or "-"
+way = getattr(sys.modules.get("idempotency_layer.aws.trust"), "last_way", None) or "-"
 source = getattr(getattr(transport, "target", None), "source", None)
 name = "-" if transport is None else type(transport).__name__ + (f"({source})" if source else "")
 print(name, getattr(pool, "_https", "-"), tls, "ssl" in sys.modules, getattr(pool, "_cafile", None) or "-", way,
@@ -108,7 +108,7 @@ steps = [("python + handler module", "import bench_handler"),
          ("the rest of the interceptor's init (config, the DynamoDB client, handler)",
           "import idempotency_layer.interceptor"),
          ("an https endpoint's TLS context (import ssl, load the CA bundle of the https init rows)",
-          "import os; from idempotency_layer.dynamodb.trust import tls_context; "
+          "import os; from idempotency_layer.aws.trust import tls_context; "
           "tls_context(os.environ.get('BENCH_CA_BUNDLE'))")]
 for name, code in steps:
     exec(code)
@@ -128,7 +128,7 @@ WRAPPER = LAYER_SRC.parent / "wrapper" / "idempotency-wrapper"
 # gets it (here: a config file that holds a section, which only botocore reads).
 # Over https (bench/tls.py: a TLS-terminating forwarder on loopback in front of DynamoDB Local), with AWS_CA_BUNDLE
 # set for every system to the CA bundle the layer would load on its own (certifi's or botocore's cacert.pem, as
-# dynamodb.environment.ca_bundle finds it) with the run's throwaway CA appended; `test CA only` trusts a bundle of
+# aws.environment.ca_bundle finds it) with the run's throwaway CA appended; `test CA only` trusts a bundle of
 # that CA alone, to show what loading the full bundle costs. Each is measured over `bare, https`. The layer's copies
 # carry a certificate directory for the first bundle (_ship_cacerts); each probe says which way it trusted.
 TLS_VARIANTS = ("bare, https", "layer, https", "layer, https, test CA only", "powertools, https")
@@ -260,7 +260,7 @@ def _tls_setup(tmp: Path, dirs: dict[str, Path], layer_env_: dict[str, str]) -> 
 
     made = tls.certificates(tmp / "tls")
     # The bundle the layer would load with no AWS_CA_BUNDLE, resolved as in its probe process.
-    done = subprocess.run([python(), "-c", "import os; from idempotency_layer.dynamodb.environment import ca_bundle; "
+    done = subprocess.run([python(), "-c", "import os; from idempotency_layer.aws.environment import ca_bundle; "
                            "print(ca_bundle(os.environ))"], env=layer_env_, cwd=dirs["task"], capture_output=True,
                           text=True, check=True)
     default = done.stdout.strip()
@@ -284,7 +284,7 @@ def _ship_cacerts(dirs: dict[str, Path], bundles: list[Path]) -> None:
 
     for root in (dirs["opt-pyc"], dirs["opt"]):
         for bundle in bundles:
-            cacert_dirs.make_dir(bundle, root / "idempotency_layer" / "dynamodb" / "cacerts")
+            cacert_dirs.make_dir(bundle, root / "idempotency_layer" / "aws" / "cacerts")
 
 
 def measure(samples: int, endpoint: str, tmp: Path, tls_upstream: tuple[str, int] | None = None) -> dict[str, Any]:

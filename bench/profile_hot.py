@@ -36,13 +36,13 @@ TOP = 12
 # cycle/store glue is the whole invocation less the top-level parts: the interceptor, plan, cycle, store, record
 # parsing, the handler call.
 IN_PLACE = (
-    ("HTTP round trip (connection.Pool.send, CPU only)", "idempotency_layer.dynamodb.connection", "Pool", "send",
+    ("HTTP round trip (connection.Pool.send, CPU only)", "idempotency_layer.stores.dynamodb.connection", "Pool", "send",
      True),
     ("  of which response headers (http.client.parse_headers)", "http.client", "", "parse_headers", False),
-    ("SigV4 signing (sigv4.Signer.sign)", "idempotency_layer.dynamodb.sigv4", "Signer", "sign", True),
-    ("request body (wire.encode_body)", "idempotency_layer.dynamodb.wire", "", "encode_body", True),
-    ("answer parsing (wire.answer_error)", "idempotency_layer.dynamodb.wire", "", "answer_error", True),
-    ("answer parsing (wire.decode_answer)", "idempotency_layer.dynamodb.wire", "", "decode_answer", True),
+    ("SigV4 signing (sigv4.Signer.sign)", "idempotency_layer.aws.sigv4", "Signer", "sign", True),
+    ("request body (wire.encode_body)", "idempotency_layer.stores.dynamodb.wire", "", "encode_body", True),
+    ("answer parsing (wire.answer_error)", "idempotency_layer.stores.dynamodb.wire", "", "answer_error", True),
+    ("answer parsing (wire.decode_answer)", "idempotency_layer.stores.dynamodb.wire", "", "decode_answer", True),
     ("key derivation (keys.KeyDeriver.key)", "idempotency_layer.keys", "KeyDeriver", "key", True),
     ("result encoding (codec.encode)", "idempotency_layer.codec", "", "encode", True),
     ("result decoding (codec.decode)", "idempotency_layer.codec", "", "decode", True),
@@ -139,8 +139,8 @@ def _components(table: str) -> list[dict[str, Any]]:
     small_encoded, large_encoded = codec.encode(small), codec.encode(large)
     body = b'{"TableName":"%s","Key":{"id":{"S":"bench#missing"}}}' % table.encode()
 
-    from idempotency_layer.dynamodb import DynamoDBError, retry, wire
-    from idempotency_layer.dynamodb.client import Client
+    from idempotency_layer.stores.dynamodb import DynamoDBError, retry, wire
+    from idempotency_layer.stores.dynamodb.client import Client
 
     if not isinstance(transport, Client) or transport.target.source != "environment":
         raise RuntimeError(f"the bench's layer should run the lean client on the environment's target, not {transport}")

@@ -54,7 +54,7 @@ def stage(dest: Path, ca_bundles: Path) -> Path:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, target)
             target.chmod(0o644)
-    cacerts = dest / "layer" / PACKAGE / "dynamodb" / "cacerts"
+    cacerts = dest / "layer" / PACKAGE / "aws" / "cacerts"
     run = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "cacert_dirs.py"), "--no-host", "--scan", str(ca_bundles),
          str(cacerts)],
@@ -104,7 +104,7 @@ def check(wheel: Path, package_src: Path = ROOT / "layer" / PACKAGE,
                 problems.append(f"{name}: no bytecode or tests in the wheel")
             elif not name.startswith((f"{PACKAGE}/", f"{version}.dist-info/", f"{version}.data/")):
                 problems.append(f"{name}: outside the package, its .dist-info and its data scripts")
-        folders = {n.split("/")[3] for n in names if n.startswith(f"{PACKAGE}/dynamodb/cacerts/")}
+        folders = {n.split("/")[3] for n in names if n.startswith(f"{PACKAGE}/aws/cacerts/")}
         if len(folders) != 2 or not all(len(f) == 64 for f in folders):
             problems.append(f"want 2 certificate directories (botocore's and certifi's bundles), found {len(folders)}")
 

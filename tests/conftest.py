@@ -23,7 +23,7 @@ TRANSPORTS = ("lean", "lean-botocore", "boto3")
 
 def build_transport(kind: str, **options: Any) -> Any:
     """A transport of one of TRANSPORTS, from the environment as the interceptor builds it."""
-    from idempotency_layer.dynamodb import make_transport
+    from idempotency_layer.stores.dynamodb import make_transport
 
     if kind == "lean":
         return make_transport("lean", source="environment", **options)

@@ -835,10 +835,10 @@ class Soak:
             return self._store
 
     def _new_operator_store(self) -> Any:
+        from idempotency_layer.aws.target import Credentials, Target
         from idempotency_layer.config import Attributes
-        from idempotency_layer.dynamodb.client import Client
-        from idempotency_layer.dynamodb.target import Credentials, Target
-        from idempotency_layer.store import DynamoDBStore
+        from idempotency_layer.stores.dynamodb.client import Client
+        from idempotency_layer.stores.dynamodb.store import DynamoDBStore
 
         credentials = Credentials(CREDENTIALS["AWS_ACCESS_KEY_ID"], CREDENTIALS["AWS_SECRET_ACCESS_KEY"], None)
         target = Target(self.dynamodb_endpoint, CREDENTIALS["AWS_REGION"], lambda: credentials)

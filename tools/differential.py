@@ -334,7 +334,7 @@ class _Normaliser:
 def _run_scenario(scenario: dict[str, Any], interceptor: Any, config_module: Any) -> list[dict[str, Any]]:
     import time
 
-    from idempotency_layer.store import DynamoDBStore
+    from idempotency_layer.stores.dynamodb.store import DynamoDBStore
     from tests.support.memory_dynamodb import MemoryDynamoDB, MemoryTransport
 
     for name in [n for n in os.environ if n.startswith("IDEMPOTENCY_")]:

@@ -76,13 +76,13 @@ from idempotency_layer import errors
 from idempotency_layer import invocation as _invocation_module
 from idempotency_layer.config import load
 from idempotency_layer.cycle import CLAIM_DEADLINE_MARGIN_MS, CLAIM_MARGIN_MS, Cycle
-from idempotency_layer.dynamodb import DynamoDBError
 from idempotency_layer.executor import Executor, Pool
 from idempotency_layer.invocation import Invocation as Served
 from idempotency_layer.keys import KeyDeriver
 from idempotency_layer.results import ValueResults
 from idempotency_layer.sources import plan as plan_of
-from idempotency_layer.store import DynamoDBStore
+from idempotency_layer.stores.dynamodb import DynamoDBError
+from idempotency_layer.stores.dynamodb.store import DynamoDBStore
 from tests.support.memory_dynamodb import CHECK_FAILED, MemoryDynamoDB
 from tests.support.memory_dynamodb import copy as _copy
 
@@ -349,7 +349,7 @@ class _Transport:
 
     def call(self, operation: str, params: dict, deadline: Any = None) -> dict:
         if deadline is not None and deadline.attempt_time() is None:  # as the client: no attempt may start
-            from idempotency_layer.dynamodb.errors import out_of_time
+            from idempotency_layer.stores.dynamodb.errors import out_of_time
 
             raise out_of_time(operation)
         return self.world.request(operation, params)

@@ -33,7 +33,7 @@ from .errors import (
 )
 from .log import fields
 from .results import Results, Undeliverable, ValueResults
-from .store import COMPLETED, READ_KEYS, Record, Store
+from .stores.dynamodb.store import COMPLETED, READ_KEYS, Record, Store
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
@@ -571,7 +571,7 @@ class Cycle:
     def _spill(self, inv: Invocation, key: str, owner: str, result: codec.Oversized) -> codec.Encoded:
         """`result` written to the large-results bucket, as the pointer to complete with; or TOO_LARGE when it could
         not be written by the time a completion may start (the upload counts against the completion's time)."""
-        from .s3 import S3Error, stored
+        from .stores.s3 import S3Error, stored
 
         try:
             pointer = inv.request(self.bucket.put, key, owner, result.packed, _requests_by(inv.deadline))
@@ -587,7 +587,7 @@ class Cycle:
     def _fetch(self, key: str, result: codec.Encoded, deadline: Deadline | None) -> codec.Encoded:
         """The result a pointer stands for, read from the bucket it names and checked (`s3.fetch`, as the CLI's
         show reads it); the layer's error when it cannot be."""
-        from .s3 import S3Error, fetch
+        from .stores.s3 import S3Error, fetch
 
         try:
             return fetch(self.bucket, result, deadline)

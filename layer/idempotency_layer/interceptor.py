@@ -52,7 +52,7 @@ def _remaining_ms(context: Any) -> int:
 
 
 def _transport(config: _config.Config) -> Any:
-    from .dynamodb import make_transport
+    from .stores.dynamodb import make_transport
 
     try:
         return make_transport(
@@ -80,12 +80,12 @@ def build(config: _config.Config, user_handler: Any, *, transport: Any = None, s
     from .invocation import Invocation
     from .keys import KeyDeriver
     from .sources import plan
-    from .store import DynamoDBStore
+    from .stores.dynamodb.store import DynamoDBStore
 
     keys = KeyDeriver(config.key_prefix, config.key_jmespath, config.payload_jmespath)
     if cycle is None:
         if store is None and config.store == "valkey":
-            from .valkey_store import make_store
+            from .stores.valkey import make_store
 
             store = make_store(config)
             store.verify(Deadline.after(INIT_CHECK_S))  # an evicting server fails init, as a wrong table does
@@ -98,7 +98,7 @@ def build(config: _config.Config, user_handler: Any, *, transport: Any = None, s
             store.verify(Deadline.after(INIT_CHECK_S))
         bucket = None
         if config.large_results_bucket is not None:  # imported only then
-            from .s3 import from_environment
+            from .stores.s3 import from_environment
 
             bucket = from_environment(config.large_results_bucket, config.large_results_prefix,
                                       connect_timeout=config.connect_timeout, read_timeout=config.read_timeout)

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .deadline import Deadline
-    from .store import DynamoDBStore
+    from .stores.dynamodb.store import DynamoDBStore
 
 NAMES = ["status", "expiration", "in_progress_expiration", "data", "validation"]
 

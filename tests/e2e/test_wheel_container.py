@@ -135,7 +135,8 @@ def test_the_venv_holds_no_botocore_and_https_needs_none(image_venv: Path) -> No
     # the wheel ships a certificate directory for when certifi is the build's pinned version.
     code = (
         "import importlib.util, os\n"
-        "from idempotency_layer.dynamodb import environment, trust\n"
+        "from idempotency_layer.aws import trust\n"
+        "from idempotency_layer.stores.dynamodb import environment\n"
         "assert importlib.util.find_spec('botocore') is None, 'botocore installed'\n"
         "target = environment.plain_lambda(os.environ)\n"
         "assert target is not None, 'not the plain Lambda case'\n"

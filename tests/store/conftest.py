@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 import pytest
 
 from idempotency_layer.config import Attributes
-from idempotency_layer.store import DynamoDBStore
+from idempotency_layer.stores.dynamodb.store import DynamoDBStore
 from tests.conftest import TRANSPORTS, build_transport
 from tests.support.counting_proxy import CountingProxy
 from tests.support.dynamodb_local import create_table
@@ -45,8 +45,8 @@ def backend(request):
 def valkey_store(server):
     """The layer's Valkey store on `server`, emptied first."""
     from idempotency_layer.config import Valkey
-    from idempotency_layer.valkey_store.client import Client
-    from idempotency_layer.valkey_store.store import ValkeyStore
+    from idempotency_layer.stores.valkey.client import Client
+    from idempotency_layer.stores.valkey.store import ValkeyStore
 
     server.command("FLUSHALL")
     client = Client(Valkey(tls=False, host="127.0.0.1", port=server.port, db=0, username=None, password=None),

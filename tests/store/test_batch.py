@@ -18,13 +18,13 @@ from hypothesis import strategies as st
 
 from idempotency_layer import codec
 from idempotency_layer.cycle import Claimed, Cycle
-from idempotency_layer.dynamodb import DynamoDBError
 from idempotency_layer.errors import IdempotencyKeyError, IdempotencyPersistenceLayerError
 from idempotency_layer.executor import MAX_IN_FLIGHT
 from idempotency_layer.invocation import Invocation
 from idempotency_layer.keys import KeyDeriver
 from idempotency_layer.sources import batch
-from idempotency_layer.store import DynamoDBStore
+from idempotency_layer.stores.dynamodb import DynamoDBError
+from idempotency_layer.stores.dynamodb.store import DynamoDBStore
 from tests.store.test_correctness import EXAMPLES
 from tests.support import events
 from tests.support.batches import BatchRunner

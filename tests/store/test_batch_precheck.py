@@ -24,7 +24,7 @@ from idempotency_layer.invocation import Invocation
 from idempotency_layer.keys import KeyDeriver
 from idempotency_layer.metrics import Tally
 from idempotency_layer.sources import batch
-from idempotency_layer.store import DynamoDBStore
+from idempotency_layer.stores.dynamodb.store import DynamoDBStore
 from tests.conftest import build_transport
 from tests.store.test_batch import Consumer, deliver, failed_ids, messages
 from tests.store.test_cli_commands import Denying

@@ -19,7 +19,7 @@ from idempotency_layer.executor import MAX_IN_FLIGHT
 from idempotency_layer.invocation import Invocation
 from idempotency_layer.keys import KeyDeriver
 from idempotency_layer.sources import batch
-from idempotency_layer.store import DynamoDBStore
+from idempotency_layer.stores.dynamodb.store import DynamoDBStore
 from tests.conftest import TRANSPORTS, build_transport
 from tests.support import events
 from tests.support.batches import BatchRunner

@@ -24,7 +24,7 @@ from idempotency_layer.cli import records
 from idempotency_layer.config import Attributes
 from idempotency_layer.cycle import Cycle
 from idempotency_layer.invocation import Invocation
-from idempotency_layer.store import DynamoDBStore
+from idempotency_layer.stores.dynamodb.store import DynamoDBStore
 from tests.conftest import CREDENTIALS, build_transport
 from tests.support.dynamodb_local import create_table
 

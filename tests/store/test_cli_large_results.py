@@ -18,8 +18,8 @@ from idempotency_layer import codec
 from idempotency_layer.config import Attributes
 from idempotency_layer.cycle import Cycle
 from idempotency_layer.invocation import Invocation
-from idempotency_layer.s3 import Bucket
-from idempotency_layer.store import DynamoDBStore
+from idempotency_layer.stores.dynamodb.store import DynamoDBStore
+from idempotency_layer.stores.s3 import Bucket
 from tests.conftest import build_transport
 from tests.store.test_cli_commands import cli_env, one_line, run
 

@@ -11,8 +11,8 @@ import threading
 import time
 from pathlib import Path
 
-from idempotency_layer.dynamodb import connection
-from idempotency_layer.dynamodb.client import Client
+from idempotency_layer.stores.dynamodb import connection
+from idempotency_layer.stores.dynamodb.client import Client
 from tests.conftest import build_transport
 
 LAYER = Path(__file__).resolve().parents[2] / "layer"

@@ -32,7 +32,7 @@ from idempotency_layer.errors import (
     IdempotencyResultTooLargeError,
 )
 from idempotency_layer.invocation import Invocation
-from idempotency_layer.store import COMPLETED, INPROGRESS, DynamoDBStore
+from idempotency_layer.stores.dynamodb.store import COMPLETED, INPROGRESS, DynamoDBStore
 from tests.support import emf
 from tests.support.dynamodb_local import create_table
 
@@ -307,7 +307,7 @@ class Flaky:
     def call(self, operation, params, deadline=None):
         if self.n > 0:
             self.n -= 1
-            from idempotency_layer.dynamodb import DynamoDBError
+            from idempotency_layer.stores.dynamodb import DynamoDBError
 
             raise DynamoDBError(operation, "EndpointConnectionError", "unreachable", None)
         return self.transport.call(operation, params, deadline)
@@ -419,7 +419,7 @@ def test_a_transient_completion_failure_does_not_stop_the_environment(store, tra
         def call(self, operation, params, deadline=None):
             if operation == "UpdateItem" and not self.failed:
                 self.failed = True
-                from idempotency_layer.dynamodb import DynamoDBError
+                from idempotency_layer.stores.dynamodb import DynamoDBError
 
                 raise DynamoDBError(operation, "ProvisionedThroughputExceededException", "throttled", None)
             return transport.call(operation, params, deadline)

@@ -11,7 +11,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from idempotency_layer.dynamodb import DynamoDBError, make_transport
+from idempotency_layer.stores.dynamodb import DynamoDBError, make_transport
 from tests.conftest import TRANSPORTS, build_transport
 from tests.support.fault_proxy import (
     DROP_REPLY,

@@ -11,10 +11,10 @@ import pytest
 
 from idempotency_layer.config import Attributes
 from idempotency_layer.cycle import Cycle
-from idempotency_layer.dynamodb import DynamoDBError
 from idempotency_layer.errors import IdempotencyPersistenceLayerError
 from idempotency_layer.invocation import Invocation
-from idempotency_layer.store import DynamoDBStore
+from idempotency_layer.stores.dynamodb import DynamoDBError
+from idempotency_layer.stores.dynamodb.store import DynamoDBStore
 
 LONG = 60_000
 

@@ -15,7 +15,7 @@ from idempotency_layer import codec
 from idempotency_layer.cycle import Cycle
 from idempotency_layer.errors import IdempotencyPersistenceLayerError, IdempotencyResultTooLargeError
 from idempotency_layer.invocation import Invocation
-from idempotency_layer.s3 import Bucket
+from idempotency_layer.stores.s3 import Bucket
 
 LONG = 60_000
 CREDENTIALS = ("AKIDEXAMPLE", "secret", None)

@@ -13,12 +13,12 @@ import pytest
 
 from idempotency_layer.config import Attributes
 from idempotency_layer.cycle import Cycle
-from idempotency_layer.dynamodb import Deadline, DynamoDBError
 from idempotency_layer.errors import IdempotencyPersistenceLayerError
 from idempotency_layer.invocation import Invocation
 from idempotency_layer.keys import KeyDeriver
 from idempotency_layer.sources import batch
-from idempotency_layer.store import COMPLETED, INPROGRESS, DynamoDBStore
+from idempotency_layer.stores.dynamodb import Deadline, DynamoDBError
+from idempotency_layer.stores.dynamodb.store import COMPLETED, INPROGRESS, DynamoDBStore
 from tests.conftest import TRANSPORTS, build_transport
 from tests.support import events
 from tests.support.batches import BatchRunner

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from idempotency_layer.dynamodb import DynamoDBError
+from idempotency_layer.stores.dynamodb import DynamoDBError
 from tests.support.memory_dynamodb import CHECK_FAILED
 from tools.model import TABLE, Bounds, explore, walk
 

@@ -14,7 +14,7 @@ import pytest
 
 from idempotency_layer import codec
 from idempotency_layer.config import Attributes
-from idempotency_layer.store import DynamoDBStore
+from idempotency_layer.stores.dynamodb.store import DynamoDBStore
 from tests.store.test_protocol_model_on_dynamodb import sample  # noqa: F401  (the same explored histories)
 from tests.store.test_valkey_store import make
 from tests.support.memory_dynamodb import CHECK_FAILED

@@ -1,4 +1,4 @@
-"""The large-results bucket (layer/idempotency_layer/s3.py) on moto's S3 server: objects written with server-side
+"""The large-results bucket (layer/idempotency_layer/stores/s3.py) on moto's S3 server: objects written with server-side
 encryption and read back checked, a missing or changed object refused, deletes, the deadline, an S3 that is down."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from idempotency_layer.deadline import Deadline
-from idempotency_layer.s3 import Bucket, S3Error
+from idempotency_layer.stores.s3 import Bucket, S3Error
 
 CREDENTIALS = ("AKIDEXAMPLE", "secret", None)
 

@@ -16,8 +16,8 @@ import time
 import pytest
 import urllib3.util.connection
 
-from idempotency_layer.dynamodb import DynamoDBError, make_transport
-from idempotency_layer.store import _blob
+from idempotency_layer.stores.dynamodb import DynamoDBError, make_transport
+from idempotency_layer.stores.dynamodb.store import _blob
 from tests.conftest import TRANSPORTS, build_transport
 
 BLOB = b"\x00\x01\xfe\xffbinary"

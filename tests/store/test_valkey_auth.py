@@ -16,7 +16,7 @@ from idempotency_layer import config
 from idempotency_layer.cycle import Cycle
 from idempotency_layer.errors import IdempotencyPersistenceLayerError
 from idempotency_layer.invocation import Invocation
-from idempotency_layer.valkey_store import make_store
+from idempotency_layer.stores.valkey import make_store
 from tests.support.resp_proxy import RespProxy
 from tests.support.valkey_server import Server
 

@@ -20,8 +20,8 @@ from idempotency_layer.cycle import Cycle
 from idempotency_layer.deadline import Deadline
 from idempotency_layer.errors import IdempotencyConfigurationError, IdempotencyPersistenceLayerError
 from idempotency_layer.invocation import Invocation
-from idempotency_layer.valkey_store.client import Client
-from idempotency_layer.valkey_store.store import CLEANUP_MARGIN_S, ValkeyStore
+from idempotency_layer.stores.valkey.client import Client
+from idempotency_layer.stores.valkey.store import CLEANUP_MARGIN_S, ValkeyStore
 from tests.support.resp_proxy import CUT, DELAY, DROP, REPLACE, STALL, RespProxy
 from tests.support.valkey_server import KINDS, Cluster, Server
 
@@ -536,7 +536,7 @@ def test_every_primary_of_a_cluster_is_checked(cluster: Cluster) -> None:
 
 
 def test_a_claim_in_a_migrating_slot_follows_ask_as_the_documented_acl_user(cluster: Cluster) -> None:
-    from idempotency_layer.valkey_store.client import _slot
+    from idempotency_layer.stores.valkey.client import _slot
 
     key = "orders#ask-1"
     slot = _slot(key)

@@ -16,7 +16,7 @@ import threading
 from decimal import Decimal
 from typing import Any
 
-from idempotency_layer.dynamodb import DynamoDBError
+from idempotency_layer.stores.dynamodb import DynamoDBError
 
 CHECK_FAILED = "ConditionalCheckFailedException"
 

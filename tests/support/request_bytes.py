@@ -69,7 +69,7 @@ def capture(token: str | None) -> list[str]:
     os.environ.update(environ)
     if token is not None:
         os.environ["AWS_SESSION_TOKEN"] = token
-    from idempotency_layer.dynamodb import make_transport
+    from idempotency_layer.stores.dynamodb import make_transport
 
     client = make_transport("lean", connect_timeout=2, read_timeout=2, max_attempts=1, source="environment")
     # Host (and so every signature) names the endpoint; the connections go to this module's server, on a free port.

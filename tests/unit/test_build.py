@@ -72,7 +72,7 @@ def test_package_is_exactly_the_sources(zips: dict[str, Path], arch: str) -> Non
     with zipfile.ZipFile(zips[arch]) as zf:
         packaged = sorted(n[len(prefix) :] for n in zf.namelist() if n.startswith(prefix))
         # Bytecode and the certificate directories have tests of their own.
-        sources = [f for f in packaged if "__pycache__" not in f.split("/") and not f.startswith("dynamodb/cacerts/")]
+        sources = [f for f in packaged if "__pycache__" not in f.split("/") and not f.startswith("aws/cacerts/")]
         assert sources == [f for f in source_files() if not f.startswith(("tests/", "test/"))]
         assert all(mode(zf.getinfo(prefix + f)) == 0o100644 for f in packaged)
 
@@ -80,7 +80,7 @@ def test_package_is_exactly_the_sources(zips: dict[str, Path], arch: str) -> Non
 @pytest.mark.parametrize("arch", ARCHES)
 def test_the_pinned_ca_bundles_ship_as_certificate_directories(zips: dict[str, Path], arch: str) -> None:
     # botocore's (Lambda's runtime default) and certifi's, each a directory named by its bundle's SHA-256.
-    prefix = "python/idempotency_layer/dynamodb/cacerts/"
+    prefix = "python/idempotency_layer/aws/cacerts/"
     with zipfile.ZipFile(zips[arch]) as zf:
         folders = {n[len(prefix):].split("/")[0] for n in zf.namelist() if n.startswith(prefix)} - {""}
         count = sum(1 for n in zf.namelist() if n.startswith(prefix) and not n.endswith("/"))
@@ -188,7 +188,7 @@ def test_the_shipped_bytecode_is_used_from_a_read_only_folder(zips: dict[str, Pa
         path.chmod(0o555 if path.is_dir() else 0o444)
     try:
         run = subprocess.run(
-            [sys.executable, "-S", "-v", "-c", "import idempotency_layer.dynamodb.client"],
+            [sys.executable, "-S", "-v", "-c", "import idempotency_layer.stores.dynamodb.client"],
             env={"PYTHONPATH": f"{python_dir / 'lib' / f'python{py}' / 'site-packages'}:{python_dir}"},
             capture_output=True,
             text=True,
@@ -200,9 +200,11 @@ def test_the_shipped_bytecode_is_used_from_a_read_only_folder(zips: dict[str, Pa
     tag = f"cpython-{sys.version_info.major}{sys.version_info.minor}"
     for module in ("__init__", "deadline"):
         assert f"code object from '{python_dir}/idempotency_layer/__pycache__/{module}.{tag}.pyc'" in run.stderr
-    for module in ("__init__", "client", "connection", "sigv4", "wire", "retry", "errors", "target"):
-        assert f"code object from '{python_dir}/idempotency_layer/dynamodb/__pycache__/{module}.{tag}.pyc'" in (
-            run.stderr), module
+    for package, modules in (("stores/dynamodb", ("__init__", "client", "connection", "wire", "retry", "errors")),
+                             ("aws", ("__init__", "sigv4", "target"))):
+        for module in modules:
+            shipped = f"{python_dir}/idempotency_layer/{package}/__pycache__/{module}.{tag}.pyc"
+            assert f"code object from '{shipped}'" in run.stderr, module
 
 
 def _rewritten(src_zip: Path, dst_zip: Path, change: dict[str, bytes]) -> None:
@@ -215,7 +217,7 @@ def test_verifier_refuses_bytecode_of_another_source(zips: dict[str, Path], tmp_
     # Unchecked-hash .pyc are never compared with their source at import: a source changed after compiling
     # would run as the old bytecode, silently. The verifier checks each .pyc's recorded hash, for every Python.
     stale = tmp_path / "stale.zip"
-    name = "python/idempotency_layer/dynamodb/sigv4.py"
+    name = "python/idempotency_layer/aws/sigv4.py"
     with zipfile.ZipFile(zips["x86_64"]) as zf:
         changed = zf.read(name) + b"\n# changed after compiling\n"
         tags = sorted(n.rsplit(".", 2)[1] for n in zf.namelist() if "/__pycache__/sigv4." in n)
@@ -223,7 +225,7 @@ def test_verifier_refuses_bytecode_of_another_source(zips: dict[str, Path], tmp_
     _rewritten(zips["x86_64"], stale, {name: changed})
     problems = verify_layer.check(stale, "x86_64", PYTHONS, max_bytes=MAX_BYTES)
     assert sorted(p for p in problems if "stale bytecode" in p) == [
-        f"python/idempotency_layer/dynamodb/__pycache__/sigv4.{tag}.pyc was not compiled from the source shipped "
+        f"python/idempotency_layer/aws/__pycache__/sigv4.{tag}.pyc was not compiled from the source shipped "
         "beside it (stale bytecode)" for tag in tags
     ]
     assert len(problems) == len(tags)
@@ -232,8 +234,8 @@ def test_verifier_refuses_bytecode_of_another_source(zips: dict[str, Path], tmp_
 def test_verifier_compiles_this_pythons_bytecode_again(zips: dict[str, Path], tmp_path: Path) -> None:
     # A .pyc whose header claims the right source but whose code is another module's is caught too.
     tag = sys.implementation.cache_tag
-    target = f"python/idempotency_layer/dynamodb/__pycache__/sigv4.{tag}.pyc"
-    other = f"python/idempotency_layer/dynamodb/__pycache__/errors.{tag}.pyc"
+    target = f"python/idempotency_layer/aws/__pycache__/sigv4.{tag}.pyc"
+    other = f"python/idempotency_layer/aws/__pycache__/target.{tag}.pyc"
     with zipfile.ZipFile(zips["x86_64"]) as zf:
         if target not in zf.namelist():
             pytest.skip(f"the build shipped no bytecode for {tag}")
@@ -264,7 +266,7 @@ def test_verifier_refuses_bytecode_of_another_python(zips: dict[str, Path], tmp_
         tags = sorted(n.rsplit(".", 2)[1] for n in names if "/__pycache__/sigv4." in n)
         if len(tags) < 2:
             pytest.skip("the build shipped bytecode for fewer than two Pythons")
-        source, target = (f"python/idempotency_layer/dynamodb/__pycache__/sigv4.{tag}.pyc" for tag in tags[:2])
+        source, target = (f"python/idempotency_layer/aws/__pycache__/sigv4.{tag}.pyc" for tag in tags[:2])
         foreign = zf.read(source)
     bad = tmp_path / "foreign.zip"
     _rewritten(zips["x86_64"], bad, {target: foreign})
@@ -281,9 +283,9 @@ def test_each_python_compiles_its_own_bytecode_again(zips: dict[str, Path], tmp_
         pytest.skip("no Python but this one compiled bytecode")
     version = sorted(others)[0]
     tag = "cpython-" + version.replace(".", "")
-    target = f"python/idempotency_layer/dynamodb/__pycache__/sigv4.{tag}.pyc"
+    target = f"python/idempotency_layer/aws/__pycache__/sigv4.{tag}.pyc"
     with zipfile.ZipFile(zips["x86_64"]) as zf:
-        forged = zf.read(target)[:16] + zf.read(f"python/idempotency_layer/dynamodb/__pycache__/errors.{tag}.pyc")[16:]
+        forged = zf.read(target)[:16] + zf.read(f"python/idempotency_layer/aws/__pycache__/target.{tag}.pyc")[16:]
     bad = tmp_path / "forged.zip"
     _rewritten(zips["x86_64"], bad, {target: forged})
     assert verify_layer.check(bad, "x86_64", PYTHONS, max_bytes=MAX_BYTES, interpreters=others) == [
@@ -296,7 +298,7 @@ def test_the_source_hash_is_cpythons(tmp_path: Path) -> None:
     import _imp
     import importlib.util
 
-    samples = [b"", b"a", b"abcdefgh", b"x" * 1001, (PACKAGE_SRC / "dynamodb" / "client.py").read_bytes()]
+    samples = [b"", b"a", b"abcdefgh", b"x" * 1001, (PACKAGE_SRC / "stores" / "dynamodb" / "client.py").read_bytes()]
     for data in samples:
         key = int.from_bytes(importlib.util.MAGIC_NUMBER, "little")
         assert verify_layer.source_hash(importlib.util.MAGIC_NUMBER, data) == _imp.source_hash(key, data)

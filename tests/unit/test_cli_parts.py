@@ -263,10 +263,10 @@ def test_the_plan_imports_a_source_module_only_for_an_event_of_its_kind():
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         "event ['idempotency_layer.sources.durable']",
-        "batch ['idempotency_layer.sources.batch', 'idempotency_layer.sources.batches', "
-        "'idempotency_layer.sources.durable']",
-        "http ['idempotency_layer.sources.batch', 'idempotency_layer.sources.batches', "
-        "'idempotency_layer.sources.durable', 'idempotency_layer.sources.http']",
+        "batch ['idempotency_layer.sources.batch', 'idempotency_layer.sources.durable', "
+        "'idempotency_layer.sources.records']",
+        "http ['idempotency_layer.sources.batch', 'idempotency_layer.sources.durable', "
+        "'idempotency_layer.sources.http', 'idempotency_layer.sources.records']",
     ]
 
 

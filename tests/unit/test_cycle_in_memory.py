@@ -24,7 +24,7 @@ from idempotency_layer.errors import (
 from idempotency_layer.invocation import Invocation
 from idempotency_layer.metrics import Tally
 from idempotency_layer.results import Undeliverable, ValueResults
-from idempotency_layer.store import COMPLETED, INPROGRESS, DynamoDBStore
+from idempotency_layer.stores.dynamodb.store import COMPLETED, INPROGRESS, DynamoDBStore
 from tests.support.memory_dynamodb import MemoryDynamoDB, MemoryTransport
 
 KEY = "fn#order-1"
@@ -148,7 +148,7 @@ def test_a_claim_past_its_deadline_and_margin_is_taken_over_and_the_late_complet
 def test_a_table_that_sees_live_what_this_clock_sees_expired_is_a_claim_conflict(world):
     class Stale(DynamoDBStore):
         def claim(self, key, owner, now, in_progress_until, expires_at, fingerprint=None, deadline=None):
-            from idempotency_layer.store import Record
+            from idempotency_layer.stores.dynamodb.store import Record
 
             return Record(key, INPROGRESS, int(now) - 10, int(now * 1000) - 10_000, "other", None)
 
@@ -197,7 +197,7 @@ def test_a_permanent_completion_failure_makes_the_environment_refuse_every_handl
     class Denied(MemoryTransport):
         def call(self, operation: str, params: dict, deadline: Any = None) -> dict:
             if operation == "UpdateItem":
-                from idempotency_layer.dynamodb import DynamoDBError
+                from idempotency_layer.stores.dynamodb import DynamoDBError
 
                 raise DynamoDBError(operation, "AccessDeniedException", "no", status=400)
             return super().call(operation, params, deadline)
@@ -222,7 +222,7 @@ def test_the_precheck_reads_done_records_once_and_gives_up_for_good_on_a_denial(
 
     class Denied(MemoryTransport):
         def call(self, operation: str, params: dict, deadline: Any = None) -> dict:
-            from idempotency_layer.dynamodb import DynamoDBError
+            from idempotency_layer.stores.dynamodb import DynamoDBError
 
             raise DynamoDBError(operation, "AccessDeniedException", "no", status=400)
 

@@ -27,7 +27,7 @@ from idempotency_layer.keys import KeyDeriver
 from idempotency_layer.plan import DURABLE, EVENT, EXECUTION
 from idempotency_layer.sources import plan, whole
 from idempotency_layer.sources.durable import execution_input, failed, status, succeeded
-from idempotency_layer.store import COMPLETED, INPROGRESS, DynamoDBStore
+from idempotency_layer.stores.dynamodb.store import COMPLETED, INPROGRESS, DynamoDBStore
 from tests.support.memory_dynamodb import MemoryDynamoDB, MemoryTransport
 
 FUNCTION, REGION = "orders-workflow", "us-east-1"
@@ -359,7 +359,7 @@ class Refusing(MemoryTransport):
         self.operation, self.on = operation, True
 
     def call(self, operation: str, params: dict, deadline: Any = None) -> dict:
-        from idempotency_layer.dynamodb import DynamoDBError
+        from idempotency_layer.stores.dynamodb import DynamoDBError
 
         if self.on and operation == self.operation:
             self.requests.append(operation)

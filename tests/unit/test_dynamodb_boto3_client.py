@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from idempotency_layer.dynamodb import DEADLINE, LAST_CHANCE_S, Deadline, DynamoDBError, make_transport
-from idempotency_layer.dynamodb.boto3_client import worst_case_s
+from idempotency_layer.stores.dynamodb import DEADLINE, LAST_CHANCE_S, Deadline, DynamoDBError, make_transport
+from idempotency_layer.stores.dynamodb.boto3_client import worst_case_s
 from tests.support.scripted_dynamodb import OPTIONS, PREFIX, answer, failed_condition, server_error, throttle
 
 PARAMS = {"TableName": "t", "Key": {"id": {"S": "k"}}}

@@ -10,11 +10,11 @@ import pytest
 from botocore.exceptions import NoRegionError
 from botocore.httpsession import get_cert_path
 
-from idempotency_layer.dynamodb import make_transport
-from idempotency_layer.dynamodb.boto3_client import Boto3Transport
-from idempotency_layer.dynamodb.botocore_source import from_botocore
-from idempotency_layer.dynamodb.client import Client
-from idempotency_layer.dynamodb.environment import plain_lambda
+from idempotency_layer.stores.dynamodb import make_transport
+from idempotency_layer.stores.dynamodb.boto3_client import Boto3Transport
+from idempotency_layer.stores.dynamodb.botocore_source import from_botocore
+from idempotency_layer.stores.dynamodb.client import Client
+from idempotency_layer.stores.dynamodb.environment import plain_lambda
 from tests.support.scripted_dynamodb import OPTIONS, answer
 
 

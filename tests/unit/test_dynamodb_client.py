@@ -14,11 +14,11 @@ import zlib
 import orjson
 import pytest
 
-from idempotency_layer.dynamodb import DEADLINE, LAST_CHANCE_S, Deadline, DynamoDBError, make_transport
-from idempotency_layer.dynamodb.botocore_source import from_botocore
-from idempotency_layer.dynamodb.client import Client
-from idempotency_layer.dynamodb.environment import plain_lambda
-from idempotency_layer.dynamodb.target import Credentials
+from idempotency_layer.aws.target import Credentials
+from idempotency_layer.stores.dynamodb import DEADLINE, LAST_CHANCE_S, Deadline, DynamoDBError, make_transport
+from idempotency_layer.stores.dynamodb.botocore_source import from_botocore
+from idempotency_layer.stores.dynamodb.client import Client
+from idempotency_layer.stores.dynamodb.environment import plain_lambda
 from tests.support.scripted_dynamodb import (
     OPTIONS,
     PREFIX,

@@ -1,4 +1,4 @@
-"""The HTTP connections (`idempotency_layer.dynamodb.connection.Pool`) against real servers on 127.0.0.1: plain
+"""The HTTP connections (`idempotency_layer.stores.dynamodb.connection.Pool`) against real servers on 127.0.0.1: plain
 sockets answering canned bytes, TLS with a CA made here, and an HTTP proxy. Sections are named for the behaviour
 they pin: how answers are read, what is kept alive, early answers, the one free re-send, timeouts, errors, TLS,
 proxies, descriptors past 1024, fork."""
@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from idempotency_layer.dynamodb.connection import Budget, Pool, SendError
+from idempotency_layer.stores.dynamodb.connection import Budget, Pool, SendError
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
 
@@ -920,11 +920,11 @@ def test_the_server_name_checked_is_the_endpoints_host(serve, own_ca):
 _IMPORTS = """
 import sys
 sys.path.insert(0, sys.argv[1])
-from idempotency_layer.dynamodb import connection
+from idempotency_layer.stores.dynamodb import connection
 try:
     connection.Pool(sys.argv[2], connect_timeout=1, read_timeout=1).send({"Host": "h"}, b"")
 except connection.SendError as error:
-    print(error.code, "idempotency_layer.dynamodb.trust" in sys.modules)
+    print(error.code, "idempotency_layer.aws.trust" in sys.modules)
 """
 
 

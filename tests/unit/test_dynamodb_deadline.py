@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from idempotency_layer.dynamodb import LAST_CHANCE_S, Deadline
+from idempotency_layer.stores.dynamodb import LAST_CHANCE_S, Deadline
 
 
 def test_the_time_an_attempt_gets_shrinks_smoothly_to_nothing():

@@ -19,9 +19,9 @@ from botocore.utils import normalize_url_path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from idempotency_layer.aws.target import request_target
 from idempotency_layer.cli import main
-from idempotency_layer.dynamodb import make_transport
-from idempotency_layer.dynamodb.target import request_target
+from idempotency_layer.stores.dynamodb import make_transport
 from tests.support.scripted_dynamodb import OPTIONS, ScriptedDynamoDB, answer
 from tests.unit.test_dynamodb_sigv4 import botocore_sign
 

@@ -1,4 +1,4 @@
-"""dynamodb.environment: which environments the plain Lambda source serves (without botocore) and which it
+"""stores.dynamodb.environment: which environments the plain Lambda source serves (without botocore) and which it
 leaves to botocore, how it reads config and credentials files, endpoints, padded values and regions, the CA
 bundle it trusts, and the credentials no path may send (check_sendable)."""
 
@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from idempotency_layer.dynamodb.environment import UnsendableCredentials, ca_bundle, check_sendable, plain_lambda
-from idempotency_layer.dynamodb.target import Credentials
+from idempotency_layer.aws.environment import UnsendableCredentials, ca_bundle, check_sendable
+from idempotency_layer.aws.target import Credentials
+from idempotency_layer.stores.dynamodb.environment import plain_lambda
 
 LAMBDA = {
     "AWS_ACCESS_KEY_ID": "AKID",

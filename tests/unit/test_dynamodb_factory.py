@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from idempotency_layer.dynamodb import make_transport
-from idempotency_layer.dynamodb.boto3_client import Boto3Transport
-from idempotency_layer.dynamodb.client import Client
+from idempotency_layer.stores.dynamodb import make_transport
+from idempotency_layer.stores.dynamodb.boto3_client import Boto3Transport
+from idempotency_layer.stores.dynamodb.client import Client
 from tests.support.scripted_dynamodb import OPTIONS
 
 LAYER = Path(__file__).resolve().parents[2] / "layer"
@@ -50,7 +50,7 @@ def test_the_options_reach_the_transport(aws_env):
 
 
 _IMPORTS = (
-    "import sys; from idempotency_layer.dynamodb import make_transport; "
+    "import sys; from idempotency_layer.stores.dynamodb import make_transport; "
     "t = make_transport('lean', connect_timeout=1, read_timeout=1, max_attempts=1); "
     "print(t.target.source); print(' '.join(sorted(sys.modules)))"
 )

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "layer" / "idempotency_layer"
-CLIENT = PACKAGE / "dynamodb"
+CLIENT = PACKAGE / "stores" / "dynamodb"
 
 def _sources() -> list[Path]:
     return sorted(PACKAGE.rglob("*.py"))
@@ -49,9 +49,9 @@ def _framing_literals(text: str) -> list[bytes]:
             and any(mark in node.value for mark in (b"\r\n", b"\n", b"HTTP/", b"0\r"))]
 
 
-# The Valkey store's RESP2 framing is its own by decision (valkey_store/resp.py says why, with the figures): a
+# The Valkey store's RESP2 framing is its own by decision (stores/valkey/resp.py says why, with the figures): a
 # different protocol, on its own socket. It holds nothing of HTTP's.
-RESP = PACKAGE / "valkey_store" / "resp.py"
+RESP = PACKAGE / "stores" / "valkey" / "resp.py"
 
 
 def test_no_raw_socket_reads_and_no_http_framing_of_our_own():

@@ -15,7 +15,7 @@ from botocore.session import Session
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from idempotency_layer.dynamodb.retry import MODELED_ERRORS, RETRYABLE_MODELED, Retry
+from idempotency_layer.stores.dynamodb.retry import MODELED_ERRORS, RETRYABLE_MODELED, Retry
 
 _MODEL = Session().get_service_model("dynamodb")
 

@@ -1,4 +1,4 @@
-"""dynamodb.sigv4: the signer against botocore's SigV4Auth on generated requests (hypothesis) and against AWS's
+"""aws.sigv4: the signer against botocore's SigV4Auth on generated requests (hypothesis) and against AWS's
 published SigV4 test suite (tests/data/aws4_testsuite); the day's signing key derived once."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from botocore.credentials import Credentials
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from idempotency_layer.dynamodb import sigv4
-from idempotency_layer.dynamodb.sigv4 import Signer
+from idempotency_layer.aws import sigv4
+from idempotency_layer.aws.sigv4 import Signer
 
 SUITE = Path(__file__).parent.parent / "data" / "aws4_testsuite"
 

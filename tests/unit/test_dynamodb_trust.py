@@ -27,7 +27,7 @@ from cryptography.x509.oid import NameOID
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from idempotency_layer.dynamodb import trust
+from idempotency_layer.aws import trust
 from scripts import cacert_dirs
 
 HOST = "127.0.0.1"
@@ -431,7 +431,7 @@ _COMPARE_TLS = """
 import sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/lib/python%d.%d/site-packages" % sys.version_info[:2]]
 from botocore.httpsession import create_urllib3_context
-from idempotency_layer.dynamodb import trust
+from idempotency_layer.aws import trust
 ours = trust.tls_context(sys.argv[2])
 theirs = create_urllib3_context()
 theirs.load_verify_locations(cafile=sys.argv[2])

@@ -12,8 +12,8 @@ from botocore.parsers import JSONParser
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from idempotency_layer.dynamodb import wire
-from idempotency_layer.dynamodb.errors import CHECK_FAILED, DynamoDBError
+from idempotency_layer.stores.dynamodb import wire
+from idempotency_layer.stores.dynamodb.errors import CHECK_FAILED, DynamoDBError
 from tests.support.scripted_dynamodb import PREFIX
 
 

@@ -17,7 +17,7 @@ from idempotency_layer import cycle, executor
 from idempotency_layer.cycle import CLAIM_MARGIN_MS, Claimed, Found
 from idempotency_layer.errors import IdempotencyAlreadyInProgressError, IdempotencyPersistenceLayerError
 from idempotency_layer.sources import batch, durable
-from idempotency_layer.store import DynamoDBStore
+from idempotency_layer.stores.dynamodb.store import DynamoDBStore
 from tests.support.memory_dynamodb import MemoryDynamoDB
 from tools.model import CI, Bounds, Violation, explore, search, walk
 

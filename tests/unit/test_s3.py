@@ -1,4 +1,4 @@
-"""The large-results bucket's signing (layer/idempotency_layer/s3.py) against botocore's S3SigV4Auth: the same
+"""The large-results bucket's signing (layer/idempotency_layer/stores/s3.py) against botocore's S3SigV4Auth: the same
 Authorization for generated object keys, bodies, times and session tokens, path style and virtual-hosted."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from urllib.parse import quote
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from idempotency_layer.dynamodb.sigv4 import Signer
+from idempotency_layer.aws.sigv4 import Signer
 
 
 @settings(max_examples=60, deadline=None)
@@ -44,7 +44,7 @@ def test_an_s3_request_is_signed_as_botocore_signs_it(key: str, body: bytes, tok
 
 
 def test_an_s3_error_code_that_is_no_codes_name_is_not_quoted() -> None:
-    from idempotency_layer.s3 import _code
+    from idempotency_layer.stores.s3 import _code
 
     assert _code(b"<Error><Code>NoSuchKey</Code></Error>") == "NoSuchKey"
     for hostile in (b"X\n[ERROR] forged SECRET", b"A B", b"", b"x" * 65, b"\xc3\xa9"):

@@ -14,7 +14,7 @@ from unittest import mock
 
 import pytest
 
-from idempotency_layer.s3 import Bucket, Pointer, S3Error
+from idempotency_layer.stores.s3 import Bucket, Pointer, S3Error
 
 BUCKET = "orders-results"
 KEY = "idempotency-results/orders#ep/0123456789abcdef0123456789abcdef"
@@ -145,7 +145,7 @@ def test_a_404_no_such_key_is_a_missing_object(recorder: Recorder) -> None:
 
 def test_the_function_and_the_cli_fail_on_such_an_endpoint_as_on_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     from idempotency_layer.errors import IdempotencyConfigurationError
-    from idempotency_layer.s3 import from_environment
+    from idempotency_layer.stores.s3 import from_environment
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")

@@ -6,7 +6,7 @@ import pytest
 
 from idempotency_layer.config import Attributes
 from idempotency_layer.errors import IdempotencyPersistenceLayerError
-from idempotency_layer.store import DynamoDBStore
+from idempotency_layer.stores.dynamodb.store import DynamoDBStore
 
 
 class BrokenCredentials:
@@ -56,7 +56,7 @@ def lines():
 def test_a_table_the_init_check_could_not_reach_says_why_when_a_claim_is_refused(lines):
     # A second hostile round saw only "could not be reached" for a bad CA bundle, a refused proxy, bad
     # credentials: nothing said which.
-    from idempotency_layer.dynamodb import DynamoDBError
+    from idempotency_layer.stores.dynamodb import DynamoDBError
 
     tls = DynamoDBError("GetItem", "SSLError", "SSL validation failed for https://ddb/ certificate verify failed")
     store = DynamoDBStore(Unreachable(tls), "orders", Attributes())

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from idempotency_layer import config
 from idempotency_layer.errors import IdempotencyConfigurationError
-from idempotency_layer.valkey_store.client import _slot
-from idempotency_layer.valkey_store.resp import Connection, ProtocolError, ServerError, pack
+from idempotency_layer.stores.valkey.client import _slot
+from idempotency_layer.stores.valkey.resp import Connection, ProtocolError, ServerError, pack
 
 BASE = {"IDEMPOTENCY_ORIGINAL_HANDLER": "app.handler", "AWS_LAMBDA_FUNCTION_NAME": "orders",
         "IDEMPOTENCY_STORE": "valkey"}
@@ -85,7 +85,7 @@ def answered(data: bytes) -> Connection:
 
 
 def test_arrays_nest_to_the_bound_and_deeper_is_not_resp() -> None:
-    from idempotency_layer.valkey_store.resp import MAX_DEPTH, ProtocolError
+    from idempotency_layer.stores.valkey.resp import MAX_DEPTH, ProtocolError
 
     deepest = answered(b"*1\r\n" * MAX_DEPTH + b":0\r\n").read()
     for _ in range(MAX_DEPTH):
@@ -160,8 +160,8 @@ def test_a_bad_source_of_the_password_fails_init(env: dict[str, str], says: str)
 
 
 def test_secret_shapes() -> None:
-    from idempotency_layer.valkey_store.auth import _parse
-    from idempotency_layer.valkey_store.client import ValkeyError
+    from idempotency_layer.stores.valkey.auth import _parse
+    from idempotency_layer.stores.valkey.client import ValkeyError
 
     assert _parse("s", '{"username": "app", "password": "pw-1", "user_arn": "arn:..."}') == ("app", "pw-1")
     assert _parse("s", '{"password": "pw-1"}') == (None, "pw-1")
@@ -191,7 +191,7 @@ def test_an_iam_token_is_botocores_presigned_url(service: str, user: str, cache:
     from botocore.model import ServiceId
     from botocore.signers import RequestSigner
 
-    from idempotency_layer.dynamodb.sigv4 import Signer
+    from idempotency_layer.aws.sigv4 import Signer
 
     name = "memorydb" if service == "memorydb" else "elasticache"
     params = {"Action": "connect", "User": user}
@@ -213,7 +213,7 @@ def test_an_iam_token_is_botocores_presigned_url(service: str, user: str, cache:
 
 
 def test_an_unreadable_ca_bundle_fails_init_naming_it(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    from idempotency_layer.valkey_store import make_store
+    from idempotency_layer.stores.valkey import make_store
 
     for path in (tmp_path / "missing.pem", tmp_path / "not-pem.pem"):
         if path.name == "not-pem.pem":

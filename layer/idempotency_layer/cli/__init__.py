@@ -95,8 +95,8 @@ def _fail(message: str, status: int) -> int:
 
 
 def _run(args: Any) -> int:
-    from ..dynamodb import DynamoDBError
     from ..errors import IdempotencyConfigurationError, IdempotencyError
+    from ..stores.dynamodb import DynamoDBError
     from . import settings
     from .derive import EventFileError
     from .records import Refused
@@ -190,8 +190,8 @@ def _show(args: Any, store: Any, keys: list[str], execution: str | None = None, 
 def _purge(args: Any, store: Any, keys: list[str], bucket: Any = None) -> int:
     """Every key is tried, whatever became of the ones before it (an event's records: one may have none, one be
     live): each deleted one is said on stdout, each other on stderr; exit 1 unless every one was deleted."""
-    from ..dynamodb import DynamoDBError
     from ..errors import IdempotencyError
+    from ..stores.dynamodb import DynamoDBError
     from .output import emit
     from .records import Missing, Refused, object_said, purge
 

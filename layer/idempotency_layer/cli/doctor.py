@@ -12,8 +12,8 @@ import time
 from collections import namedtuple
 
 from .. import codec
-from ..dynamodb import DynamoDBError
 from ..errors import IdempotencyConfigurationError, IdempotencyPersistenceLayerError
+from ..stores.dynamodb import DynamoDBError
 from . import settings as _settings
 
 TYPE_CHECKING = False
@@ -573,7 +573,7 @@ def run(args: Any, env: dict[str, str]) -> list[Check]:
     found, probe = table_checks(config, transport)
     checks += found
     if probe:
-        from ..store import DynamoDBStore
+        from ..stores.dynamodb.store import DynamoDBStore
 
         store = DynamoDBStore(transport, config.table, config.attributes, config.partition_value)
         checks += permission_checks(store, config.key_prefix)
@@ -584,7 +584,7 @@ def _bucket_checks(config: Any) -> list[Check]:
     """The large-results bucket, when IDEMPOTENCY_LARGE_RESULTS_BUCKET is set."""
     if config.large_results_bucket is None:
         return []
-    from .bucket_checks import bucket_checks
+    from .checks.bucket import bucket_checks
 
     try:
         bucket = _settings.bucket(config)
@@ -595,8 +595,8 @@ def _bucket_checks(config: Any) -> list[Check]:
 
 
 def _valkey_checks(config: Any) -> list[Check]:
-    from ..valkey_store import make_store
-    from .valkey_checks import probe_checks, server_checks
+    from ..stores.valkey import make_store
+    from .checks.valkey import probe_checks, server_checks
 
     try:
         store = make_store(config)

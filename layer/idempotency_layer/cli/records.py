@@ -6,14 +6,14 @@ import sys
 import time
 
 from .. import codec
-from ..store import COMPLETED
+from ..stores.dynamodb.store import COMPLETED
 from .output import clean, said, when
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from ..store import DynamoDBStore, Record
+    from ..stores.dynamodb.store import DynamoDBStore, Record
 
 
 class Refused(Exception):
@@ -89,7 +89,7 @@ def facts(record: Record, now: float, with_result: bool, bucket: Any = None) -> 
 
 def _stored_at(result: codec.Encoded) -> dict[str, Any] | None:
     """Where a result in the large-results bucket is, as its pointer says (None: a pointer the layer cannot read)."""
-    from ..s3 import S3Error, pointer
+    from ..stores.s3 import S3Error, pointer
 
     try:
         found = pointer(result)[0]
@@ -100,7 +100,7 @@ def _stored_at(result: codec.Encoded) -> dict[str, Any] | None:
 
 def _fetched(result: codec.Encoded, bucket: Any) -> codec.Encoded | dict[str, Any]:
     """The result a pointer stands for, read and checked as a replay reads it (`s3.fetch`), or why it cannot be."""
-    from ..s3 import S3Error, fetch
+    from ..stores.s3 import S3Error, fetch
 
     try:
         return fetch(bucket, result)
@@ -243,7 +243,7 @@ def _result_object(record: Record, key: str, bucket: Any, force: bool) -> tuple[
     result = record.result
     if result is None or not result.format.startswith(codec.STORED):
         return None, None
-    from ..s3 import S3Error, pointer
+    from ..stores.s3 import S3Error, pointer
 
     try:
         found = pointer(result)[0]
@@ -271,7 +271,7 @@ def _left(key: str, force: bool, found: Any, problem: str) -> tuple[None, dict[s
 
 def _delete(bucket: Any, found: Any) -> dict[str, Any]:
     """Delete the object `found` names, in the bucket it names; what was deleted, or why it was not."""
-    from ..s3 import S3Error
+    from ..stores.s3 import S3Error
 
     where = bucket.where(found)
     done = {"bucket": where.name, "key": found.object_key}

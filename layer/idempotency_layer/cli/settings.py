@@ -97,7 +97,7 @@ def load(env: dict[str, str], need_table: bool = True, need_prefix: bool = True)
 
 def transport(config: _config.Config, env: Mapping[str, str]) -> Any:
     """The layer's own DynamoDB client for `config`, its target (Region, endpoint, credentials) from `env`."""
-    from ..dynamodb import make_transport
+    from ..stores.dynamodb import make_transport
 
     # The client reads its target from the process environment: the options' values must be there.
     for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_DYNAMODB"):
@@ -109,10 +109,10 @@ def transport(config: _config.Config, env: Mapping[str, str]) -> Any:
 
 def store(config: _config.Config, env: Mapping[str, str]) -> Any:
     if config.store == "valkey":
-        from ..valkey_store import make_store
+        from ..stores.valkey import make_store
 
         return make_store(config)
-    from ..store import DynamoDBStore
+    from ..stores.dynamodb.store import DynamoDBStore
 
     return DynamoDBStore(transport(config, env), config.table, config.attributes, config.partition_value)
 
@@ -121,7 +121,7 @@ def bucket(config: _config.Config) -> Any:
     """The large-results bucket the function writes (IDEMPOTENCY_LARGE_RESULTS_BUCKET), or None."""
     if config.large_results_bucket is None:
         return None
-    from ..s3 import from_environment
+    from ..stores.s3 import from_environment
 
     return from_environment(config.large_results_bucket, config.large_results_prefix,
                             connect_timeout=config.connect_timeout, read_timeout=config.read_timeout)

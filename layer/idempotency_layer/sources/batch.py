@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from ..errors import IdempotencyBatchIncompleteError, IdempotencyKeyError
 from ..keys import KeyDeriver, is_empty
 from ..plan import BATCH, MISMATCH, NO_FINGERPRINT, NO_KEY, REQUIRED, Note, Plan, Unit
-from .batches import Batch, parse_records
+from .records import Batch, parse_records
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:

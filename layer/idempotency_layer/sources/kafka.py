@@ -10,7 +10,7 @@ names (see `sources.batch`).
 from __future__ import annotations
 
 from ..errors import IdempotencyKeyError
-from .batches import Batch, Source
+from .records import Batch, Source
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ messages are then dropped as done (see `executor`). Messages have no order the l
 from __future__ import annotations
 
 from ..errors import IdempotencyKeyError
-from .batches import Batch, Source
+from .records import Batch, Source
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:

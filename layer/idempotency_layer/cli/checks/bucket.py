@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 
 def bucket_checks(bucket: Any, check: Any) -> list[Any]:
-    from ..s3 import S3Error
+    from ...stores.s3 import S3Error
 
     probe = f"doctor-probe-{os.urandom(8).hex()}"
     where = f"s3://{bucket.name}/{bucket.prefix}"

@@ -4,7 +4,7 @@
 - IDEMPOTENCY_VALKEY_SECRET: a password read from Secrets Manager with the function's role (boto3, the runtime's),
   at the first connection, and read again when the server refuses it (a rotated secret);
 - IDEMPOTENCY_VALKEY_IAM: an IAM authentication token for ElastiCache or MemoryDB, the URL's user as its `User`,
-  signed with the function's credentials by the layer's own SigV4 (`dynamodb.sigv4.Signer.presign`, checked
+  signed with the function's credentials by the layer's own SigV4 (`aws.sigv4.Signer.presign`, checked
   against botocore's presigner), valid 15 minutes, a new one made for connections after 10.
 """
 
@@ -21,7 +21,7 @@ TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type check
 if TYPE_CHECKING:
     from typing import Any
 
-    from ..config import Valkey
+    from ...config import Valkey
 
 TOKEN_SECONDS = 900  # what ElastiCache and MemoryDB accept as a token's lifetime
 TOKEN_REUSE_S = 600  # a token serves new connections this long, so none is used near its end
@@ -62,7 +62,7 @@ class Auth:
         return again
 
     def _sign(self) -> str:
-        from ..dynamodb.sigv4 import Signer
+        from ...aws.sigv4 import Signer
 
         url = self.url
         assert url.iam is not None and url.cache is not None and url.username is not None
@@ -113,7 +113,7 @@ def _parse(secret: str | None, value: Any) -> tuple[str | None, str]:
 
 def _credentials() -> tuple[str, str, str | None]:
     """The function's credentials: Lambda's environment, else botocore's chain."""
-    from ..dynamodb.environment import function_credentials
+    from ...aws.environment import function_credentials
 
     found = function_credentials(os.environ)
     if found is None:

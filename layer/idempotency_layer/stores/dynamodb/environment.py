@@ -13,46 +13,10 @@ import os
 import re
 from collections.abc import Mapping
 
-from .target import Credentials, Target
+from ...aws.environment import PADDED, ca_bundle, raw
+from ...aws.target import Credentials, Target
 
-__all__ = ["UnsendableCredentials", "ca_bundle", "check_sendable", "plain_lambda", "unsendable"]
-
-class UnsendableCredentials(ValueError):
-    """A credential variable holds what cannot go into an HTTP header; the message names it, never its value."""
-
-
-# What http.client refuses in a header value (botocore's requests then fail with the value in the message), or
-# what would end the header and start another: refused at init instead, on every path.
-_UNSENDABLE = re.compile(r"[\r\n\x00]|[^\x00-\xff]")
-_SURROGATE = re.compile("[\ud800-\udfff]")  # what os.environ makes of bytes that are not UTF-8
-
-
-def unsendable(value: str) -> bool:
-    """Whether `value` cannot go into an HTTP header as it is (a CR, LF or NUL, or a character outside Latin-1)."""
-    return bool(_UNSENDABLE.search(value))
-
-
-def check_sendable(environ: Mapping[str, str]) -> None:
-    """Refuse credentials in the environment that would be sent in a header they could break (a CR or LF:
-    header injection) or that cannot be sent (not Latin-1), naming the variable, never its value."""
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN"):
-        value = environ.get(name)
-        if value and _UNSENDABLE.search(value):
-            raise UnsendableCredentials(
-                f"{name} holds a character that cannot be sent in an HTTP header (a carriage return, line feed, "
-                "NUL, or one outside Latin-1); set it to the credential exactly as issued"
-            )
-    # The secret is never sent, but signing encodes it as UTF-8: bytes that are not UTF-8 (kept by Python as
-    # lone surrogates) would fail every request with the secret inside the UnicodeEncodeError.
-    # Looked for, not tried: a failed encode would keep the secret in the exception's context.
-    secret = environ.get("AWS_SECRET_ACCESS_KEY")
-    if secret and _SURROGATE.search(secret):
-        raise UnsendableCredentials(
-            "AWS_SECRET_ACCESS_KEY holds bytes that are not UTF-8, so no request could be signed with it; set it "
-            "to the credential exactly as issued"
-        )
-
-
+__all__ = ["plain_lambda"]
 
 # Regions of the `aws` partition: their DynamoDB endpoint is dynamodb.<region>.amazonaws.com. China
 # (amazonaws.com.cn), GovCloud (us-gov-), the ISO partitions (us-iso-, eu-isoe-...) and anything else that
@@ -97,20 +61,6 @@ def _proxied(environ: Mapping[str, str]) -> bool:
 _HOST_LABEL = re.compile(r"(?![0-9]+$)(?!-)[a-zA-Z0-9-]{,63}(?<!-)")
 
 
-def _raw(environ: Mapping[str, str], name: str) -> str | None:
-    """The variable as botocore reads it: None when unset or empty, and `_PADDED` when a blank or padded
-    value makes botocore's answer differ from what the stripped value would give."""
-    value = environ.get(name)
-    if not value:
-        return None
-    if value != value.strip():
-        return _PADDED
-    return value
-
-
-_PADDED = "\x00padded"  # a marker: a value with surrounding white space, which botocore takes as it is
-
-
 def plain_lambda(environ: Mapping[str, str]) -> Target | None:
     """Where requests go and as whom, read from the environment alone, or None: botocore must resolve it.
 
@@ -132,15 +82,15 @@ def plain_lambda(environ: Mapping[str, str]) -> Target | None:
                     return None
         except OSError:
             pass
-    access_key = _raw(environ, "AWS_ACCESS_KEY_ID")
-    secret_key = _raw(environ, "AWS_SECRET_ACCESS_KEY")
+    access_key = raw(environ, "AWS_ACCESS_KEY_ID")
+    secret_key = raw(environ, "AWS_SECRET_ACCESS_KEY")
     # botocore's order: AWS_DEFAULT_REGION (as the config chain finds it), then Lambda's AWS_REGION.
-    region = _raw(environ, "AWS_DEFAULT_REGION") or _raw(environ, "AWS_REGION")
+    region = raw(environ, "AWS_DEFAULT_REGION") or raw(environ, "AWS_REGION")
     # botocore's order: the legacy AWS_SECURITY_TOKEN first.
-    token = _raw(environ, "AWS_SECURITY_TOKEN") or _raw(environ, "AWS_SESSION_TOKEN")
-    configured = _raw(environ, "AWS_ENDPOINT_URL_DYNAMODB") or _raw(environ, "AWS_ENDPOINT_URL")
+    token = raw(environ, "AWS_SECURITY_TOKEN") or raw(environ, "AWS_SESSION_TOKEN")
+    configured = raw(environ, "AWS_ENDPOINT_URL_DYNAMODB") or raw(environ, "AWS_ENDPOINT_URL")
     read = (access_key, secret_key, region, token, configured)
-    if not (access_key and secret_key and region) or _PADDED in read:
+    if not (access_key and secret_key and region) or PADDED in read:
         return None
     if not _HOST_LABEL.fullmatch(region):
         return None  # botocore's validate_region_name refuses it (or the endpoint rules do)
@@ -159,34 +109,6 @@ def plain_lambda(environ: Mapping[str, str]) -> Target | None:
             return None
     credentials = Credentials(access_key, secret_key, token)
     return Target(endpoint, region, lambda: credentials, cafile)
-
-
-def ca_bundle(environ: Mapping[str, str]) -> str | None:
-    """The CA bundle botocore would verify DynamoDB's certificate against, or None: leave it to botocore.
-
-    The lean botocore path's resolution (`ca_bundle` from AWS_CA_BUNDLE, then REQUESTS_CA_BUNDLE, then
-    botocore.httpsession.get_cert_path: certifi's cacert.pem when certifi imports, else botocore's own), found
-    without importing either. urllib3 loads only that file, so SSL_CERT_FILE / SSL_CERT_DIR play no part.
-    """
-    if "AWS_CA_BUNDLE" in environ or "REQUESTS_CA_BUNDLE" in environ:
-        value = _raw(environ, "AWS_CA_BUNDLE") or _raw(environ, "REQUESTS_CA_BUNDLE")
-        if value is None or value == _PADDED:
-            return None  # empty or blank: botocore's InvalidConfigError, or its own reading of it
-        return os.path.expanduser(value)  # as urllib3 expands its ca_certs
-    from importlib.util import find_spec
-
-    for package in ("certifi", "botocore"):
-        try:
-            spec = find_spec(package)
-        except (ImportError, ValueError):
-            spec = None
-        if spec is None or not spec.submodule_search_locations:
-            continue
-        bundle = os.path.join(next(iter(spec.submodule_search_locations)), "cacert.pem")
-        if os.path.isfile(bundle):
-            return bundle
-        return None  # a package botocore would import but whose file we cannot see (a zip): botocore decides
-    return None
 
 
 _HOST_NAME = re.compile(r"((?!-)[A-Za-z0-9-]{1,63}(?<!-)\.)*((?!-)[A-Za-z0-9-]{1,63}(?<!-))")
@@ -213,18 +135,3 @@ def _plain_url(url: str) -> str | None:
     if len(host) > 255 or not host.isascii() or not _HOST_NAME.fullmatch(host):
         return None
     return f"{parts.scheme}://{host}" + ("" if port is None else f":{port}")
-
-
-def function_credentials(environ: Mapping[str, str]) -> tuple[str, str, str | None] | None:
-    """The credentials to sign with outside the DynamoDB client (S3, a Valkey IAM token): the ones Lambda sets in
-    the environment, else botocore's chain (a profile: the operator CLI's case); None when there are none."""
-    access, secret = environ.get("AWS_ACCESS_KEY_ID"), environ.get("AWS_SECRET_ACCESS_KEY")
-    if access and secret:
-        return access, secret, environ.get("AWS_SESSION_TOKEN") or None
-    import botocore.session  # only off Lambda's plain environment
-
-    found = botocore.session.get_session().get_credentials()
-    if found is None:
-        return None
-    frozen = found.get_frozen_credentials()
-    return frozen.access_key, frozen.secret_key, frozen.token

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from urllib.parse import urlsplit
 
-from .target import Credentials, Target
+from ...aws.target import Credentials, Target
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:

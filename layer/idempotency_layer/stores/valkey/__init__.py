@@ -12,7 +12,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
-    from ..config import Config
+    from ...config import Config
     from .store import ValkeyStore
 
 

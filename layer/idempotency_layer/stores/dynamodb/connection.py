@@ -46,7 +46,7 @@ from collections import namedtuple
 from collections.abc import Iterator, Mapping
 from urllib.parse import unquote, urlsplit
 
-from .target import request_target
+from ...aws.target import request_target
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
@@ -374,7 +374,7 @@ class Pool:
         import ssl  # only https endpoints pay for it
 
         if self._context is None:
-            from .trust import tls_context
+            from ...aws.trust import tls_context
 
             try:
                 self._context = tls_context(self._cafile)

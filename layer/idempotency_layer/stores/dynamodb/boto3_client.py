@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from ..deadline import Deadline, within
+from ...deadline import Deadline, within
 from .errors import CHECK_FAILED, DEADLINE, NOT_SENT, DynamoDBError, out_of_time
 from .wire import PARSER_ERROR, json_object, unreadable, unreadable_error
 

@@ -10,7 +10,7 @@ A record holds a result in the bucket as `stored(pointer, format)`: the format `
 as JSON text. Only this module writes and reads that text (`Pointer.text`, `pointer`), and `fetch` is the one way
 back from it to the result, for replays (`Cycle.decode`) and the CLI's `show --result` alike.
 
-Requests are signed by the layer's own SigV4 (`dynamodb.sigv4.Signer`, service `s3`, as botocore's S3SigV4Auth
+Requests are signed by the layer's own SigV4 (`aws.sigv4.Signer`, service `s3`, as botocore's S3SigV4Auth
 signs them: tests/unit/test_s3.py) and sent with `http.client`, one connection per request: a large result is
 rare, and a kept-alive pool would cost every invocation its bookkeeping. The deadline rule is the DynamoDB
 client's (`Deadline.attempt_time`); a request that fails without an answer is retried once if the deadline allows
@@ -31,8 +31,8 @@ TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type check
 if TYPE_CHECKING:
     from typing import Any, NamedTuple
 
-    from . import codec
-    from .deadline import Deadline
+    from .. import codec
+    from ..deadline import Deadline
 
     class _PointerFields(NamedTuple):
         object_key: str
@@ -75,7 +75,7 @@ class Pointer(_PointerFields):
 
 
 def _bucket_name(name: str) -> bool:
-    from .config import _BUCKET  # the setting's own rule: the layer writes no other bucket into a pointer
+    from ..config import _BUCKET  # the setting's own rule: the layer writes no other bucket into a pointer
 
     return _BUCKET.fullmatch(name) is not None
 
@@ -85,7 +85,7 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 def stored(pointer: Pointer, form: str) -> codec.Encoded:
     """What a record holds for a result of format `form` kept at `pointer`."""
-    from . import codec
+    from .. import codec
 
     return codec.Encoded(codec.STORED + form, pointer.text())
 
@@ -93,7 +93,7 @@ def stored(pointer: Pointer, form: str) -> codec.Encoded:
 def pointer(result: codec.Encoded) -> tuple[Pointer, str]:
     """The pointer a record's `stored` result holds, and the format of what it points to; `S3Error` (code
     `Malformed`) for one this layer does not write."""
-    from . import codec
+    from .. import codec
 
     return Pointer.read(result.data), result.format[len(codec.STORED):]
 
@@ -103,7 +103,7 @@ def fetch(bucket: Bucket | None, result: codec.Encoded, deadline: Deadline | Non
     size and SHA-256: what a replay decodes. `bucket`: the setting's (None when IDEMPOTENCY_LARGE_RESULTS_BUCKET is
     not set). `S3Error` when it cannot be: code `Malformed`, `NoBucket`, `Missing`, `Different`, S3's own code
     (`AccessDenied`, `NoSuchBucket`), or None (no answer); its message names the object, never its content."""
-    from . import codec
+    from .. import codec
 
     found, form = pointer(result)
     if bucket is None:
@@ -130,7 +130,7 @@ class Bucket:
     def __init__(self, name: str, prefix: str, *, region: str, credentials: tuple[str, str, str | None],
                  connect_timeout: float, read_timeout: float, endpoint: str | None = None,
                  cafile: str | None = None) -> None:
-        from .dynamodb.sigv4 import Signer
+        from ..aws.sigv4 import Signer
 
         self.name = name
         self.prefix = prefix
@@ -206,7 +206,7 @@ class Bucket:
         if self.scheme == "http":
             return http.client.HTTPConnection(self.host, timeout=min(self.timeouts[0], seconds))
         if self._context is None:
-            from .dynamodb.trust import tls_context
+            from ..aws.trust import tls_context
 
             self._context = tls_context(self.cafile)
         return http.client.HTTPSConnection(self.host, timeout=min(self.timeouts[0], seconds), context=self._context)
@@ -270,7 +270,7 @@ def _endpoint_root(path: str) -> str:
     """An endpoint's path as botocore puts it before the bucket (path style): dot and empty segments resolved, then
     percent-encoded but for / and ~ (a % too: botocore encodes the path it is given once more); a ';', after which
     botocore drops the rest of its segment, is refused."""
-    from .dynamodb.target import without_dot_segments
+    from ..aws.target import without_dot_segments
 
     if ";" in path:
         raise ValueError("the S3 endpoint URL's path (AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL) holds ';', which "
@@ -304,7 +304,7 @@ def _code(answer: bytes) -> str:
 def from_environment(name: str, prefix: str, *, connect_timeout: float, read_timeout: float) -> Bucket:
     """The bucket as the function's environment reaches it: AWS_REGION, the credentials Lambda sets, and
     AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL for a local S3; the CA bundle the DynamoDB client trusts."""
-    from .dynamodb.environment import ca_bundle, function_credentials
+    from ..aws.environment import ca_bundle, function_credentials
 
     # Lambda's environment, else (the CLI) botocore's chain; with none, empty ones, which S3 refuses.
     access, secret, token = function_credentials(os.environ) or ("", "", None)
@@ -315,6 +315,6 @@ def from_environment(name: str, prefix: str, *, connect_timeout: float, read_tim
                       connect_timeout=connect_timeout, read_timeout=read_timeout, endpoint=endpoint,
                       cafile=ca_bundle(os.environ) if not (endpoint or "").startswith("http:") else None)
     except ValueError as error:  # the endpoint: said as the setting's error, init fails (the CLI: exit 2)
-        from .errors import IdempotencyConfigurationError
+        from ..errors import IdempotencyConfigurationError
 
         raise IdempotencyConfigurationError(f"IDEMPOTENCY_LARGE_RESULTS_BUCKET: {error}") from None

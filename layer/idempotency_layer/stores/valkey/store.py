@@ -19,17 +19,17 @@ import hashlib
 import logging
 import time
 
-from .. import codec
-from ..errors import IdempotencyConfigurationError, IdempotencyPersistenceLayerError
-from ..log import fields
-from ..store import COMPLETED, INPROGRESS, READ_KEYS, Record
+from ... import codec
+from ...errors import IdempotencyConfigurationError, IdempotencyPersistenceLayerError
+from ...log import fields
+from ..dynamodb.store import COMPLETED, INPROGRESS, READ_KEYS, Record
 from .client import Client, ValkeyError
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
     from typing import Any
 
-    from ..deadline import Deadline
+    from ...deadline import Deadline
 
 _logger = logging.getLogger("idempotency_layer")
 

@@ -12,12 +12,12 @@ import binascii
 import logging
 from collections import namedtuple
 
-from . import codec
-from .config import Attributes
-from .deadline import Deadline
-from .dynamodb import CHECK_FAILED, DynamoDBError, Transport
-from .errors import IdempotencyConfigurationError, IdempotencyPersistenceLayerError
-from .log import fields
+from ... import codec
+from ...config import Attributes
+from ...deadline import Deadline
+from ...errors import IdempotencyConfigurationError, IdempotencyPersistenceLayerError
+from ...log import fields
+from . import CHECK_FAILED, DynamoDBError, Transport
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:

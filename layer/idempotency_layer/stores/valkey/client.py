@@ -13,7 +13,7 @@ place:
 - The retry rule: IDEMPOTENCY_MAX_ATTEMPTS attempts in all. Every command the store sends may be sent again:
   its scripts are conditioned on the owner token, and a claim sent twice finds its own owner.
 - Cluster mode: a MOVED answer names the node that serves the slot, remembered for the slot; ASK is followed once.
-- TLS (rediss://): the context DynamoDB's client uses (`dynamodb.trust`: AWS_CA_BUNDLE, else certifi's bundle),
+- TLS (rediss://): the context DynamoDB's client uses (`aws.trust`: AWS_CA_BUNDLE, else certifi's bundle),
   host name checked; never plain text.
 - The error model: `ValkeyError(message, uncertain)`; `uncertain`: the command may have run (sent, no answer).
 """
@@ -25,15 +25,15 @@ import random
 import threading
 import time
 
-from ..deadline import Deadline
-from ..errors import IdempotencyConfigurationError
+from ...deadline import Deadline
+from ...errors import IdempotencyConfigurationError
 from .resp import Connection, ServerError
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
     from typing import Any
 
-    from ..config import Valkey
+    from ...config import Valkey
 
 _REDIRECTS = 5  # MOVED / ASK answers followed for one command before giving up
 _FIRST_BACKOFF_S, _LAST_BACKOFF_S = 0.025, 0.4
@@ -65,8 +65,8 @@ class Client:
         self.max_attempts = max_attempts
         context = None
         if url.tls:
-            from ..dynamodb.environment import ca_bundle
-            from ..dynamodb.trust import tls_context
+            from ...aws.environment import ca_bundle
+            from ...aws.trust import tls_context
 
             cafile = ca_bundle(os.environ)
             try:

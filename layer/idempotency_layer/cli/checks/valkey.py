@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import time
 
-from .. import codec
-from ..errors import IdempotencyPersistenceLayerError
+from ... import codec
+from ...errors import IdempotencyPersistenceLayerError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ GRANT = "+evalsha +eval +info +cluster|slots +asking +exists +hmget +hgetall +hg
 
 
 def _info(store: Any, section: str) -> dict[str, str]:
-    from ..valkey_store.store import _info as parse
+    from ...stores.valkey.store import _info as parse
 
     return parse(store.client.command(None, "INFO", section))
 
@@ -30,7 +30,7 @@ def _info(store: Any, section: str) -> dict[str, str]:
 def server_checks(store: Any, check: Any) -> tuple[list[Any], list[tuple[str, int]]]:
     """The server's own facts, as `check(name, status, detail, fix)` rows; and the primaries that answered (in
     cluster mode every primary of CLUSTER SLOTS, as the layer's init checks them)."""
-    from ..valkey_store.client import ValkeyError
+    from ...stores.valkey.client import ValkeyError
 
     rows = []
     url = store.client.url

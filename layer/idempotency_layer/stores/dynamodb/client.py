@@ -22,14 +22,14 @@ import random as _random
 import time
 from urllib.parse import urlsplit
 
-from ..deadline import Deadline, within
+from ...aws.environment import unsendable
+from ...aws.sigv4 import Signer
+from ...aws.target import Credentials, Target, request_target
+from ...deadline import Deadline, within
 from . import wire
 from .connection import Budget, Pool, SendError
-from .environment import unsendable
 from .errors import DEADLINE, DynamoDBError, out_of_time
 from .retry import Retry
-from .sigv4 import Signer
-from .target import Credentials, Target, request_target
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:

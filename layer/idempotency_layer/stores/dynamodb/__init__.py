@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-from ..deadline import LAST_CHANCE_S, Deadline
+from ...deadline import LAST_CHANCE_S, Deadline
 from .errors import CHECK_FAILED, DEADLINE, DynamoDBError
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
@@ -57,7 +57,8 @@ def make_transport(
         raise ValueError(f"unknown transport {kind!r}: expected 'lean' or 'boto3'")
     if source not in (None, *SOURCES):
         raise ValueError(f"unknown source {source!r}: expected one of {SOURCES}")
-    from .environment import check_sendable, plain_lambda
+    from ...aws.environment import check_sendable
+    from .environment import plain_lambda
 
     check_sendable(os.environ)  # on every path: botocore would fail each request, the value in its message
     options: dict[str, Any] = {"connect_timeout": connect_timeout, "read_timeout": read_timeout,
