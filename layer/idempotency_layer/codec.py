@@ -33,7 +33,7 @@ TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type check
 if TYPE_CHECKING:
     from typing import Any, NamedTuple
 
-ITEM_LIMIT = 400 * 1024  # DynamoDB's item size limit, names and values together
+ITEM_LIMIT = 400 * 1024  # a record's size in every store: DynamoDB's item limit, names and values together
 RECORD_OVERHEAD = 1024  # room kept for the key and the other attributes of the record
 COMPRESS_ABOVE = 8 * 1024  # below this, compression costs more CPU than it saves write units
 

@@ -33,7 +33,7 @@ from .errors import (
 )
 from .log import fields
 from .results import Results, Undeliverable, ValueResults
-from .stores.dynamodb.store import COMPLETED, READ_KEYS, Record, Store
+from .stores.protocol import COMPLETED, READ_KEYS, Record, Store
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:

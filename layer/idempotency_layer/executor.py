@@ -33,7 +33,7 @@ from .errors import (
 from .log import fields
 from .plan import BATCH, DURABLE, EXECUTION, HTTP, MISMATCH
 from .results import ExecutionResults
-from .stores.dynamodb.store import Record
+from .stores.protocol import Record
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:

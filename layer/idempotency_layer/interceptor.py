@@ -51,21 +51,23 @@ def _remaining_ms(context: Any) -> int:
     return remaining() if remaining is not None else _LONGEST_INVOCATION_MS
 
 
-def _transport(config: _config.Config) -> Any:
-    from .stores.dynamodb import make_transport
+def _opened(config: _config.Config, transport: Any) -> Any:
+    """The store `config` names (`stores.open_store`), its client's set-up failure a configuration error."""
+    from .stores import open_store
 
     try:
-        return make_transport(
-            config.transport,
-            connect_timeout=config.connect_timeout,
-            read_timeout=config.read_timeout,
-            max_attempts=config.max_attempts,
-        )
+        return open_store(config, transport)
+    except IdempotencyConfigurationError:
+        raise
     except Exception as error:
-        raise IdempotencyConfigurationError(
-            f"the DynamoDB client (IDEMPOTENCY_TRANSPORT={config.transport}) could not be set up: "
-            f"{type(error).__name__}: {error}; check AWS_REGION, the credentials and AWS_ENDPOINT_URL_DYNAMODB"
-        ) from error
+        raise IdempotencyConfigurationError(_unopened(config, error)) from error
+
+
+def _unopened(config: _config.Config, error: Exception) -> str:
+    if config.store == "valkey":
+        return f"the Valkey client could not be set up: {type(error).__name__}: {error}"
+    return (f"the DynamoDB client (IDEMPOTENCY_TRANSPORT={config.transport}) could not be set up: "
+            f"{type(error).__name__}: {error}; check AWS_REGION, the credentials and AWS_ENDPOINT_URL_DYNAMODB")
 
 
 def build(config: _config.Config, user_handler: Any, *, transport: Any = None, store: Any = None,
@@ -80,28 +82,18 @@ def build(config: _config.Config, user_handler: Any, *, transport: Any = None, s
     from .invocation import Invocation
     from .keys import KeyDeriver
     from .sources import plan
-    from .stores.dynamodb.store import DynamoDBStore
+    from .stores import open_bucket
 
     keys = KeyDeriver(config.key_prefix, config.key_jmespath, config.payload_jmespath)
     if cycle is None:
-        if store is None and config.store == "valkey":
-            from .stores.valkey import make_store
-
-            store = make_store(config)
-            store.verify(Deadline.after(INIT_CHECK_S))  # an evicting server fails init, as a wrong table does
         if store is None:
-            store = DynamoDBStore(transport if transport is not None else _transport(config), config.table,
-                                  config.attributes, config.partition_value)
-            # A table whose key schema does not match the settings fails init, before any handler runs. Bounded:
-            # Lambda gives init 10 s, and a table that does not answer in time is checked again before the first
-            # claim, within that invocation's deadline.
+            store = _opened(config, transport)
+            # A store that does not keep what the settings describe (a table of another key schema, an evicting
+            # Valkey server) fails init, before any handler runs. Bounded: Lambda gives init 10 s, and a store
+            # that does not answer in time is checked again before the first claim, within that invocation's
+            # deadline.
             store.verify(Deadline.after(INIT_CHECK_S))
-        bucket = None
-        if config.large_results_bucket is not None:  # imported only then
-            from .stores.s3 import from_environment
-
-            bucket = from_environment(config.large_results_bucket, config.large_results_prefix,
-                                      connect_timeout=config.connect_timeout, read_timeout=config.read_timeout)
+        bucket = open_bucket(config)  # None without IDEMPOTENCY_LARGE_RESULTS_BUCKET, and no S3 code imported
         cycle = Cycle(store, config.ttl_seconds, config.local_cache_size, results=runtime_results(),
                       min_claim_ms=config.in_progress_seconds * 1000, wait_seconds=config.wait_seconds,
                       precheck=config.batch_precheck, bucket=bucket)

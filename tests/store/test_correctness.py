@@ -32,7 +32,8 @@ from idempotency_layer.errors import (
     IdempotencyResultTooLargeError,
 )
 from idempotency_layer.invocation import Invocation
-from idempotency_layer.stores.dynamodb.store import COMPLETED, INPROGRESS, DynamoDBStore
+from idempotency_layer.stores.dynamodb.store import DynamoDBStore
+from idempotency_layer.stores.protocol import COMPLETED, INPROGRESS
 from tests.support import emf
 from tests.support.dynamodb_local import create_table
 

@@ -21,7 +21,7 @@ from idempotency_layer.errors import (
     IdempotencyResultUndeliverableError,
 )
 from idempotency_layer.invocation import Invocation
-from idempotency_layer.stores.dynamodb.store import COMPLETED
+from idempotency_layer.stores.protocol import COMPLETED
 
 KEY = "fn#k1"
 LONG = 60_000

@@ -18,7 +18,8 @@ from idempotency_layer.config import Attributes
 from idempotency_layer.cycle import Cycle
 from idempotency_layer.errors import IdempotencyPersistenceLayerError
 from idempotency_layer.invocation import Invocation
-from idempotency_layer.stores.dynamodb.store import COMPLETED, DynamoDBStore
+from idempotency_layer.stores.dynamodb.store import DynamoDBStore
+from idempotency_layer.stores.protocol import COMPLETED
 from tests.conftest import TRANSPORTS, build_transport
 from tests.support.fault_proxy import DAMAGED, EMPTY, NOT_JSON, SHORT_REFUSAL, FaultProxy
 

@@ -18,7 +18,8 @@ from idempotency_layer.invocation import Invocation
 from idempotency_layer.keys import KeyDeriver
 from idempotency_layer.sources import batch
 from idempotency_layer.stores.dynamodb import Deadline, DynamoDBError
-from idempotency_layer.stores.dynamodb.store import COMPLETED, INPROGRESS, DynamoDBStore
+from idempotency_layer.stores.dynamodb.store import DynamoDBStore
+from idempotency_layer.stores.protocol import COMPLETED, INPROGRESS
 from tests.conftest import TRANSPORTS, build_transport
 from tests.support import events
 from tests.support.batches import BatchRunner

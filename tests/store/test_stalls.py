@@ -19,7 +19,8 @@ from idempotency_layer.config import Attributes
 from idempotency_layer.cycle import Cycle
 from idempotency_layer.invocation import Invocation
 from idempotency_layer.stores.dynamodb import Deadline
-from idempotency_layer.stores.dynamodb.store import COMPLETED, DynamoDBStore
+from idempotency_layer.stores.dynamodb.store import DynamoDBStore
+from idempotency_layer.stores.protocol import COMPLETED
 from tests.conftest import TRANSPORTS, build_transport
 from tests.store import test_metrics_counts as _metrics_tests
 from tests.support.fault_proxy import FORWARDED, STALL, STALL_AFTER_BYTE, FaultProxy

@@ -8,7 +8,8 @@ from idempotency_layer import codec
 from idempotency_layer.config import Attributes
 from idempotency_layer.errors import IdempotencyPersistenceLayerError
 from idempotency_layer.invocation import Invocation
-from idempotency_layer.stores.dynamodb.store import COMPLETED, INPROGRESS, DynamoDBStore
+from idempotency_layer.stores.dynamodb.store import DynamoDBStore
+from idempotency_layer.stores.protocol import COMPLETED, INPROGRESS
 
 KEY = "fn#abc"
 

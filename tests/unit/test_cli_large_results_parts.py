@@ -17,7 +17,7 @@ from idempotency_layer import codec
 from idempotency_layer.cli import records
 from idempotency_layer.cycle import Cycle
 from idempotency_layer.errors import IdempotencyPersistenceLayerError
-from idempotency_layer.stores.dynamodb.store import COMPLETED, Record
+from idempotency_layer.stores.protocol import COMPLETED, Record
 from idempotency_layer.stores.s3 import Bucket, Pointer, S3Error, fetch, pointer, stored
 
 SHA = "ab" * 32

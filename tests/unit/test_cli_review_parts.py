@@ -19,7 +19,7 @@ from idempotency_layer.cli.derive import text as key_text
 from idempotency_layer.cli.doctor import FAIL, PASS, WARN, aws_failure, function_checks, wrapper_check
 from idempotency_layer.cli.output import clean, finite, said, when
 from idempotency_layer.cli.records import facts, show_text
-from idempotency_layer.stores.dynamodb.store import COMPLETED, Record
+from idempotency_layer.stores.protocol import COMPLETED, Record
 from tests.support import http_events
 
 LAYER = "arn:aws:lambda:us-east-1:123456789012:layer:idempotency-layer-{}:3"

@@ -24,7 +24,8 @@ from idempotency_layer.errors import (
 from idempotency_layer.invocation import Invocation
 from idempotency_layer.metrics import Tally
 from idempotency_layer.results import Undeliverable, ValueResults
-from idempotency_layer.stores.dynamodb.store import COMPLETED, INPROGRESS, DynamoDBStore
+from idempotency_layer.stores.dynamodb.store import DynamoDBStore
+from idempotency_layer.stores.protocol import COMPLETED, INPROGRESS
 from tests.support.memory_dynamodb import MemoryDynamoDB, MemoryTransport
 
 KEY = "fn#order-1"
@@ -148,7 +149,7 @@ def test_a_claim_past_its_deadline_and_margin_is_taken_over_and_the_late_complet
 def test_a_table_that_sees_live_what_this_clock_sees_expired_is_a_claim_conflict(world):
     class Stale(DynamoDBStore):
         def claim(self, key, owner, now, in_progress_until, expires_at, fingerprint=None, deadline=None):
-            from idempotency_layer.stores.dynamodb.store import Record
+            from idempotency_layer.stores.protocol import Record
 
             return Record(key, INPROGRESS, int(now) - 10, int(now * 1000) - 10_000, "other", None)
 

@@ -27,7 +27,8 @@ from idempotency_layer.keys import KeyDeriver
 from idempotency_layer.plan import DURABLE, EVENT, EXECUTION
 from idempotency_layer.sources import plan, whole
 from idempotency_layer.sources.durable import execution_input, failed, status, succeeded
-from idempotency_layer.stores.dynamodb.store import COMPLETED, INPROGRESS, DynamoDBStore
+from idempotency_layer.stores.dynamodb.store import DynamoDBStore
+from idempotency_layer.stores.protocol import COMPLETED, INPROGRESS
 from tests.support.memory_dynamodb import MemoryDynamoDB, MemoryTransport
 
 FUNCTION, REGION = "orders-workflow", "us-east-1"

@@ -18,7 +18,8 @@ from idempotency_layer.executor import Executor
 from idempotency_layer.invocation import Invocation
 from idempotency_layer.keys import KeyDeriver
 from idempotency_layer.sources import plan
-from idempotency_layer.stores.dynamodb.store import COMPLETED, DynamoDBStore
+from idempotency_layer.stores.dynamodb.store import DynamoDBStore
+from idempotency_layer.stores.protocol import COMPLETED
 from tests.support import broker_events, events, http_events
 from tests.support.memory_dynamodb import MemoryDynamoDB, MemoryTransport
 

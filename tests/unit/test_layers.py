@@ -27,16 +27,18 @@ ROWS = {
     "sources.records": 42, "sources.redelivery": 42, "sources.durable": 42, "powertools": 42,
     "cycle": 40,
     "invocation": 35,
+    "stores": 34,
     "stores.valkey": 33,
     "stores.valkey.store": 32,
     "stores.dynamodb.store": 30,
+    "stores.protocol": 28,
     "stores.dynamodb": 26,
     "stores.dynamodb.client": 25, "stores.dynamodb.boto3_client": 25, "stores.valkey.auth": 25,
     "stores.dynamodb.connection": 24, "stores.valkey.client": 24, "stores.s3": 24,
     "stores.dynamodb.environment": 23, "stores.dynamodb.botocore_source": 23, "stores.dynamodb.wire": 23,
     "aws.sigv4": 23, "stores.dynamodb.retry": 23,
     "stores.dynamodb.errors": 22, "aws.target": 22, "aws.trust": 22, "aws.environment": 22, "stores.valkey.resp": 22,
-    "stores": 21, "aws": 21,
+    "aws": 21,
     "results": 20, "keys": 20,
     "config": 15, "codec": 15,
     "errors": 10, "deadline": 10, "log": 10, "plan": 10,
@@ -114,3 +116,4 @@ def test_design_md_draws_these_rows():
             rows.setdefault(row, []).append(module)
     expected = [sorted(rows[row]) for row in sorted(rows, reverse=True)]
     assert [sorted(line) for line in drawn] == expected
+

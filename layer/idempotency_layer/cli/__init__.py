@@ -96,7 +96,6 @@ def _fail(message: str, status: int) -> int:
 
 def _run(args: Any) -> int:
     from ..errors import IdempotencyConfigurationError, IdempotencyError
-    from ..stores.dynamodb import DynamoDBError
     from . import settings
     from .derive import EventFileError
     from .records import Refused
@@ -120,7 +119,8 @@ def _run(args: Any) -> int:
             problem = settings.client_problem(error, env)
             if problem is not None:
                 return _fail(problem, 2)
-            return _fail(f"the DynamoDB client could not be set up: {type(error).__name__}: {error}", 1)
+            client = "the Valkey client" if config.store == "valkey" else "the DynamoDB client"
+            return _fail(f"{client} could not be set up: {type(error).__name__}: {error}", 1)
         # The large-results bucket (IDEMPOTENCY_LARGE_RESULTS_BUCKET), for the results kept there, or None.
         bucket = settings.bucket(config) if args.command == "purge" or args.result else None
         if args.command == "show":
@@ -132,7 +132,7 @@ def _run(args: Any) -> int:
         return _fail(str(error), 2)
     except Refused as error:
         return _fail(str(error), 1)
-    except (IdempotencyError, DynamoDBError) as error:  # the table, the role, the network
+    except IdempotencyError as error:  # the store, the role, the network: the protocol's errors
         return _fail(str(error), 1)
 
 
@@ -181,7 +181,7 @@ def _show(args: Any, store: Any, keys: list[str], execution: str | None = None, 
             lines += ([""] if lines else []) + show_text(record)
         return lines
 
-    emit({"table": store.table, "records": shown, "missing": missing}, args.json, text)
+    emit({"table": store.name, "records": shown, "missing": missing}, args.json, text)
     for key in missing:
         _fail(f"no record for key {key!r} in {store.where}", 1)
     return 1 if missing else 0
@@ -191,7 +191,6 @@ def _purge(args: Any, store: Any, keys: list[str], bucket: Any = None) -> int:
     """Every key is tried, whatever became of the ones before it (an event's records: one may have none, one be
     live): each deleted one is said on stdout, each other on stderr; exit 1 unless every one was deleted."""
     from ..errors import IdempotencyError
-    from ..stores.dynamodb import DynamoDBError
     from .output import emit
     from .records import Missing, Refused, object_said, purge
 
@@ -203,9 +202,9 @@ def _purge(args: Any, store: Any, keys: list[str], bucket: Any = None) -> int:
             deleted.append(purge(store, key, yes=args.yes, force=args.force, bucket=bucket))
         except Missing:
             missing.append(key)
-        except (Refused, IdempotencyError, DynamoDBError) as error:
+        except (Refused, IdempotencyError) as error:
             refused.append({"key": key, "reason": str(error)})
-    emit({"table": store.table, "deleted": deleted, "missing": missing, "refused": refused}, args.json,
+    emit({"table": store.name, "deleted": deleted, "missing": missing, "refused": refused}, args.json,
          lambda found: [f"deleted the record of key {d['key']} (it was {d['was']})"
                         + (f"; its result: {object_said(d['object'])}" if d.get("object") else "")
                         for d in found["deleted"]])

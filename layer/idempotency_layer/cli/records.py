@@ -6,14 +6,14 @@ import sys
 import time
 
 from .. import codec
-from ..stores.dynamodb.store import COMPLETED
+from ..stores.protocol import COMPLETED
 from .output import clean, said, when
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from ..stores.dynamodb.store import DynamoDBStore, Record
+    from ..stores.protocol import Record, Store
 
 
 class Refused(Exception):
@@ -167,7 +167,7 @@ def show_text(shown: dict[str, Any]) -> list[str]:
     return lines
 
 
-def get(store: DynamoDBStore, key: str) -> Record | None:
+def get(store: Store, key: str) -> Record | None:
     """The record of `key`, or None; an item that is not a layer record is refused in the CLI's words."""
     from ..errors import IdempotencyPersistenceLayerError
 
@@ -183,14 +183,14 @@ def get(store: DynamoDBStore, key: str) -> Record | None:
                       ) from None
 
 
-def read(store: DynamoDBStore, key: str) -> Record:
+def read(store: Store, key: str) -> Record:
     record = get(store, key)
     if record is None:
         raise Missing(f"no record for key {key!r} in {store.where}")
     return record
 
 
-def purge(store: DynamoDBStore, key: str, *, yes: bool, force: bool, ask: Any = None,
+def purge(store: Store, key: str, *, yes: bool, force: bool, ask: Any = None,
           bucket: Any = None) -> dict[str, Any]:
     """Delete the record of `key`, unless it is a live claim (without `force`), the operator says no, or it
     changed since it was read: the delete is conditioned on the owner and status that were read. A result in the

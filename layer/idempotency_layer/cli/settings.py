@@ -97,34 +97,27 @@ def load(env: dict[str, str], need_table: bool = True, need_prefix: bool = True)
 
 def transport(config: _config.Config, env: Mapping[str, str]) -> Any:
     """The layer's own DynamoDB client for `config`, its target (Region, endpoint, credentials) from `env`."""
-    from ..stores.dynamodb import make_transport
+    from ..stores import open_transport
 
     # The client reads its target from the process environment: the options' values must be there.
     for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_DYNAMODB"):
         if env.get(name):
             os.environ[name] = env[name]
-    return make_transport(config.transport, connect_timeout=config.connect_timeout,
-                          read_timeout=config.read_timeout, max_attempts=config.max_attempts)
+    return open_transport(config)
 
 
 def store(config: _config.Config, env: Mapping[str, str]) -> Any:
-    if config.store == "valkey":
-        from ..stores.valkey import make_store
+    """The store `config` names, opened as the function opens it (`stores.open_store`)."""
+    from ..stores import open_store
 
-        return make_store(config)
-    from ..stores.dynamodb.store import DynamoDBStore
-
-    return DynamoDBStore(transport(config, env), config.table, config.attributes, config.partition_value)
+    return open_store(config, None if config.store == "valkey" else transport(config, env))
 
 
 def bucket(config: _config.Config) -> Any:
     """The large-results bucket the function writes (IDEMPOTENCY_LARGE_RESULTS_BUCKET), or None."""
-    if config.large_results_bucket is None:
-        return None
-    from ..stores.s3 import from_environment
+    from ..stores import open_bucket
 
-    return from_environment(config.large_results_bucket, config.large_results_prefix,
-                            connect_timeout=config.connect_timeout, read_timeout=config.read_timeout)
+    return open_bucket(config)
 
 
 def client_problem(error: BaseException, env: Mapping[str, str]) -> str | None:

@@ -57,12 +57,12 @@ def server_checks(store: Any, check: Any) -> tuple[list[Any], list[tuple[str, in
         else:
             said, fix = "did not answer", ("check the URL, the security group (the function and the cluster in one "
                                            "VPC), TLS (AWS_CA_BUNDLE) and the network")
-        rows.append(check("server", "FAIL", f"{store.table} {said}: {error}", fix))
+        rows.append(check("server", "FAIL", f"{store.name} {said}: {error}", fix))
         return rows, []
     engine = "valkey" if server.get("server_name") == "valkey" or "valkey_version" in server else "redis"
     version = server.get("valkey_version") or server.get("redis_version") or "?"
     major = int(version.split(".")[0]) if version.split(".")[0].isdigit() else 0
-    rows.append(check("server", "PASS" if major >= 7 else "WARN", f"{engine} {version} at {store.table}",
+    rows.append(check("server", "PASS" if major >= 7 else "WARN", f"{engine} {version} at {store.name}",
                       None if major >= 7 else "the layer is tested on Redis OSS 7 and Valkey 9: upgrade the engine"))
     clustered = cluster.get("cluster_enabled") == "1"
     rows.append(check("cluster mode", "PASS", f"enabled, {len(policies)} primaries: commands follow MOVED to the "

@@ -1,4 +1,4 @@
-"""The record protocol on DynamoDB: claim, complete, release, get.
+"""The record protocol (stores/protocol.py) on DynamoDB: claim, complete, release, get, peek, read, purge.
 
 Expiry is always judged by the condition expressions, never by an item's presence: TTL deletion lags by up
 to days, so an expired record may still be there. Every write that follows a claim is conditioned on the
@@ -10,27 +10,21 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-from collections import namedtuple
 
 from ... import codec
 from ...config import Attributes
 from ...deadline import Deadline
 from ...errors import IdempotencyConfigurationError, IdempotencyPersistenceLayerError
 from ...log import fields
+from ..protocol import COMPLETED, INPROGRESS, READ_KEYS, Record
 from . import CHECK_FAILED, DynamoDBError, Transport
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
-    from typing import Any, NamedTuple, Protocol
-else:
-    Protocol = object  # the interface's documentation at run time; structural for type checkers
+    from typing import Any
 
 _logger = logging.getLogger("idempotency_layer")
 
-# BatchGetItem reads at most this many keys a request.
-READ_KEYS = 100
-INPROGRESS = "INPROGRESS"
-COMPLETED = "COMPLETED"
 # How DynamoDB words a ValidationException for a key of another shape than the table's (another attribute name or
 # type, a sort key too many or too few): the only refusals of the table check that blame the key schema.
 _SCHEMA_DIFFERS = ("does not match the schema", "One of the required keys was not given a value",
@@ -41,68 +35,6 @@ _PERMANENT = frozenset({
     "MissingAuthenticationTokenException", "InvalidSignatureException", "KMSAccessDeniedException",
     "KMSDisabledException", "KMSNotFoundException", "KMSInvalidStateException", "SerializationException",
 })
-
-
-if TYPE_CHECKING:
-    class _RecordFields(NamedTuple):
-        key: str
-        status: str
-        expires_at: int  # epoch seconds
-        in_progress_until: int | None  # epoch ms
-        owner: str | None
-        result: codec.Encoded | None  # None while in progress
-        fingerprint: str | None = None  # SHA-256 of the claiming event's payload (IDEMPOTENCY_PAYLOAD_JMESPATH)
-else:
-    _RecordFields = namedtuple("Record", (
-        "key",
-        "status",
-        "expires_at",
-        "in_progress_until",
-        "owner",
-        "result",
-        "fingerprint",
-    ), defaults=(None,))
-
-
-class Record(_RecordFields):
-
-    __slots__ = ()
-
-    def is_expired(self, now: float) -> bool:
-        return self.expires_at < int(now)
-
-    def is_claim_expired(self, now: float) -> bool:
-        return self.in_progress_until is not None and self.in_progress_until < int(now * 1000)
-
-
-class Store(Protocol):
-    """What the cycle needs from a backend."""
-
-    def claim(self, key: str, owner: str, now: float, in_progress_until: int, expires_at: int,
-              fingerprint: str | None = None, deadline: Deadline | None = None) -> Record | None:
-        """Write an in-progress record unless a live one exists. None: we hold the claim; else the live record.
-        `deadline`: give up by then, with `IdempotencyPersistenceLayerError`."""
-
-    def complete(self, key: str, owner: str, result: codec.Encoded, expires_at: int,
-                 deadline: Deadline | None = None) -> bool:
-        """Mark our claim completed with its result. False: the claim is no longer ours. `deadline`:
-        give up by then, with `IdempotencyPersistenceLayerError`."""
-
-    def release(self, key: str, owner: str, deadline: Deadline | None = None) -> bool:
-        """Delete our claim. True: it is gone (deleted now, or already: a request sent again whose first copy
-        landed). False: another invocation's record is there, and nothing was deleted."""
-
-    def get(self, key: str, deadline: Deadline | None = None) -> Record | None:
-        """The record of `key` (a consistent read), or None. `deadline`: give up by then."""
-
-    def peek(self, key: str, deadline: Deadline | None = None) -> Record | None:
-        """The record of `key` without its result (a consistent read), or None: whether a result this
-        environment keeps in memory is still the record's. `deadline`: give up by then."""
-
-    def read(self, keys: list[str], deadline: Deadline | None = None) -> tuple[dict[str, Record], list[str]]:
-        """Up to `READ_KEYS` records in one consistent read (BatchGetItem), without their results: the records
-        read, by key (a key without a record, or whose item is not one, is left out), and the keys the table
-        left unprocessed. `deadline`: give up by then."""
 
 
 def _number(value: dict[str, Any] | None) -> int | None:
@@ -120,7 +52,9 @@ class DynamoDBStore:
     ) -> None:
         self.transport = transport
         self.table = table
-        self.where = f"table {table!r}"  # what the CLI calls the store
+        self.name = table
+        self.where = f"table {table!r}"
+        self.read_grant = f"dynamodb:BatchGetItem on table {table!r}"
         self.attr = attributes
         self.partition_value = partition_value
         a = attributes

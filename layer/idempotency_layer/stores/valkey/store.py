@@ -22,7 +22,7 @@ import time
 from ... import codec
 from ...errors import IdempotencyConfigurationError, IdempotencyPersistenceLayerError
 from ...log import fields
-from ..dynamodb.store import COMPLETED, INPROGRESS, READ_KEYS, Record
+from ..protocol import COMPLETED, INPROGRESS, READ_KEYS, Record
 from .client import Client, ValkeyError
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
@@ -117,8 +117,9 @@ def _text(value: Any) -> str | None:
 class ValkeyStore:
     def __init__(self, client: Client) -> None:
         self.client = client
-        self.table = client.endpoint  # what messages call the store
+        self.name = client.endpoint
         self.where = f"Valkey {client.endpoint}"
+        self.read_grant = "the hmget command (+hmget)"
         self._unverified: str | None = None
 
     # -- the server --------------------------------------------------------------------------------------
@@ -131,7 +132,7 @@ class ValkeyStore:
         try:
             for node, policy in self.policies(deadline).items():
                 if policy != "noeviction":
-                    where = f"{self.table}" + ("" if node == self.client.seed else f", node {node[0]}:{node[1]}")
+                    where = f"{self.name}" + ("" if node == self.client.seed else f", node {node[0]}:{node[1]}")
                     raise IdempotencyConfigurationError(
                         f"IDEMPOTENCY_VALKEY_URL ({where}): the server's maxmemory-policy is {policy!r}; it must be "
                         "'noeviction', or records (claims, results) may be evicted under memory pressure and the "
@@ -151,11 +152,11 @@ class ValkeyStore:
                         "refused the user INFO or CLUSTER SLOTS, which the layer needs to check its eviction policy "
                         "(docs/valkey.md: Permissions)" if error.code == "NOPERM" else
                         "refused the layer's check of its eviction policy")
-                raise IdempotencyConfigurationError(f"IDEMPOTENCY_VALKEY_URL ({self.table}): the server {said} "
+                raise IdempotencyConfigurationError(f"IDEMPOTENCY_VALKEY_URL ({self.name}): the server {said} "
                                                     f"({error})") from None
             self._unverified = str(error)
             _logger.warning("the Valkey server %s could not be reached to check its eviction policy (%s); checked "
-                            "again before the first claim", self.table, error)
+                            "again before the first claim", self.name, error)
             return
         self._unverified = None
 
@@ -179,13 +180,13 @@ class ValkeyStore:
             denied = error.code == "NOPERM" or _script_denied(str(error))
             uncertain = error.uncertain or (write and error.code is not None and error.code not in _NOT_RUN)
             raise IdempotencyPersistenceLayerError(
-                f"Valkey {what} on {self.table} failed for {subject}: {error}",
+                f"Valkey {what} on {self.name} failed for {subject}: {error}",
                 permanent=denied or error.code in ("NOAUTH", "WRONGPASS"),
                 uncertain=uncertain, denied=denied,
             ) from error
         except Exception as error:  # nothing of the client's should escape; if it does, it may have been sent
             raise IdempotencyPersistenceLayerError(
-                f"Valkey {what} on {self.table} failed for {subject}: {type(error).__name__}", uncertain=True
+                f"Valkey {what} on {self.name} failed for {subject}: {type(error).__name__}", uncertain=True
             ) from error
 
     def _record(self, key: str, fields_: dict[str, Any], *, with_result: bool = True) -> Record:
@@ -210,7 +211,7 @@ class ValkeyStore:
                           result=result, fingerprint=_text(fields_.get("h")))
         except (KeyError, TypeError, ValueError, UnicodeDecodeError):
             raise IdempotencyPersistenceLayerError(
-                f"Valkey {self.table} holds under key {key!r} a value that is not an idempotency record (fields s, e "
+                f"Valkey {self.name} holds under key {key!r} a value that is not an idempotency record (fields s, e "
                 "missing or of the wrong type); the handler did not run"
             ) from None
 
@@ -223,7 +224,7 @@ class ValkeyStore:
             raise IdempotencyPersistenceLayerError(f"{error}; the handler did not run", permanent=True) from None
         if self._unverified is not None:
             raise IdempotencyPersistenceLayerError(
-                f"the Valkey server {self.table} could not be reached to check its eviction policy "
+                f"the Valkey server {self.name} could not be reached to check its eviction policy "
                 f"({self._unverified}); the handler did not run"
             )
 
@@ -275,7 +276,7 @@ class ValkeyStore:
 
     def _fields(self, key: str, names: tuple[str, ...], answer: Any, *, with_result: bool) -> Record | None:
         if not isinstance(answer, list) or len(answer) != len(names):
-            raise IdempotencyPersistenceLayerError(f"Valkey {self.table} answered HMGET for key {key!r} in another "
+            raise IdempotencyPersistenceLayerError(f"Valkey {self.name} answered HMGET for key {key!r} in another "
                                                    "shape")
         found = {name: value for name, value in zip(names, answer, strict=True) if value is not None}
         return self._record(key, found, with_result=with_result) if found else None
