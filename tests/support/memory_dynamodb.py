@@ -16,7 +16,10 @@ import threading
 from decimal import Decimal
 from typing import Any
 
-from idempotency_layer.stores.dynamodb import DynamoDBError
+try:
+    from idempotency_layer.stores.dynamodb import DynamoDBError
+except ImportError:  # a layer from before the storage floor (issue 43), as tools/differential.py runs it
+    from idempotency_layer.dynamodb import DynamoDBError
 
 CHECK_FAILED = "ConditionalCheckFailedException"
 
