@@ -1,56 +1,24 @@
-"""`doctor`: checks the settings, the table and the permissions the layer needs (and, with `--function`, a
+"""`doctor`: checks the settings, the store and the permissions the layer needs (and, with `--function`, a
 deployed function and its event source mappings), each one line: PASS, WARN or FAIL, with the fix.
 
-Table checks use the layer's own DynamoDB client (it signs any JSON 1.0 operation: DescribeTable,
-DescribeTimeToLive); the five permissions are proven with the layer's own store on a probe key that is
-removed again. Only `--function` needs boto3 (the Lambda and SQS APIs)."""
+Each backend's checks are its own module in `checks/` (the table and its permissions, the Valkey server and its
+probe, the large-results bucket), imported only when the settings name that backend; this module checks the
+function, its mappings, the wrapper and the settings. Only `--function` needs boto3 (the Lambda and SQS APIs)."""
 
 from __future__ import annotations
 
 import os
-import time
-from collections import namedtuple
 
-from .. import codec
-from ..errors import IdempotencyConfigurationError, IdempotencyPersistenceLayerError
-from ..stores.dynamodb import DynamoDBError
+from ..errors import IdempotencyConfigurationError
 from . import settings as _settings
+from .checks.check import FAIL, PASS, WARN, Check, aws_failure
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, NamedTuple
+    from typing import Any
 
-PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 WRAPPER = "/opt/idempotency-wrapper"
 SUPPORTED = (10, 14)  # python3.10 to python3.14, the runtimes the layer is built and tested for
-PROBE_SECONDS = 120  # how long a probe record could outlive a doctor that dies mid-probe
-_CREDENTIAL_CODES = frozenset({"NoCredentialsError", "UnrecognizedClientException", "InvalidSignatureException",
-                               "ExpiredTokenException", "MissingAuthenticationTokenException",
-                               "InvalidClientTokenId", "SignatureDoesNotMatch"})
-
-
-# Refusals that a grant (or the right credentials) fixes; any other failure proves nothing about the role.
-_DENIALS = frozenset({"AccessDeniedException", "UnrecognizedClientException", "MissingAuthenticationTokenException",
-                      "InvalidSignatureException", "KMSAccessDeniedException"})
-
-
-if TYPE_CHECKING:
-    class _CheckFields(NamedTuple):
-        name: str
-        status: str  # PASS, WARN or FAIL
-        detail: str
-        fix: str | None = None
-else:
-    _CheckFields = namedtuple("Check", ("name", "status", "detail", "fix"), defaults=(None,))
-
-
-class Check(_CheckFields):
-    __slots__ = ()
-
-
-def _code(error: BaseException) -> str:
-    cause = error if isinstance(error, DynamoDBError) else error.__cause__
-    return cause.code if isinstance(cause, DynamoDBError) else type(error).__name__
 
 
 # -- the function and its event source mappings (pure: tested without the Lambda API) -----------------------
@@ -306,31 +274,6 @@ def _deployed(name: str, region: str | None) -> tuple[dict[str, Any], list[dict[
     return configuration, mappings, session
 
 
-_MISSING_QUEUE = frozenset({"QueueDoesNotExist", "AWS.SimpleQueueService.NonExistentQueue"})
-_THROTTLED = frozenset({"Throttling", "ThrottlingException", "TooManyRequestsException", "RequestLimitExceeded",
-                        "ServiceUnavailable", "ServiceUnavailableException", "InternalFailure",
-                        "InternalServerError", "ServiceException"})
-
-
-def aws_failure(error: BaseException) -> tuple[str, str]:
-    """What a boto3 call's failure was (an error code or type) and the kind of fix it needs: "missing",
-    "transient" (a timeout, a 5xx, a throttle: retry) or "access" (credentials, permissions, the name)."""
-    response = getattr(error, "response", None)
-    if isinstance(response, dict):  # a ClientError: the service answered
-        answer: dict[str, Any] = response["Error"] if isinstance(response.get("Error"), dict) else {}
-        code = str(answer.get("Code") or type(error).__name__)
-        status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode") or 0
-        if code in _MISSING_QUEUE or code == "ResourceNotFoundException":
-            return code, "missing"
-        if code in _THROTTLED or (isinstance(status, int) and status >= 500):
-            return code, "transient"
-        return code, "access"
-    kind = type(error).__name__
-    if kind in ("NoCredentialsError", "PartialCredentialsError", "NoRegionError", "ProfileNotFound"):
-        return kind, "access"
-    return kind, "transient"  # timeouts, refused connections, broken answers: the endpoint did not answer
-
-
 def _queue(session: Any, arn: str) -> tuple[dict[str, str] | None, Check | None]:
     """An SQS queue's attributes, or None and what kept doctor from reading them."""
     parts = arn.split(":")
@@ -356,158 +299,6 @@ def _not_lambda(operation: str) -> Check:
     return Check("function", FAIL, f"{operation}'s answer is not one this doctor can read (not a Lambda answer)",
                  "check the endpoint (AWS_ENDPOINT_URL_LAMBDA / AWS_ENDPOINT_URL) and the Region: it should be "
                  "Lambda's; the function itself was not checked")
-
-
-# -- the table and the permissions ----------------------------------------------------------------------------
-
-def _unreadable() -> Check:
-    return Check("table", FAIL, "DescribeTable's answer is not one this doctor can read (a 200 without a table "
-                 "description)", "check the endpoint (AWS_ENDPOINT_URL_DYNAMODB / --endpoint-url): it should be "
-                 "DynamoDB")
-
-
-def _describe_failed(error: DynamoDBError, config: Any, transport: Any) -> tuple[list[Check], bool]:
-    """What a DescribeTable that failed says, and whether the permission probe can still run."""
-    table, key = config.table, config.attributes.key
-    if error.code in _CREDENTIAL_CODES:
-        said = "none found: nothing was sent" if error.code == "NoCredentialsError" else (
-            f"DynamoDB refused them: {error.code}")
-        return [Check("credentials", FAIL, said,
-                      "export the credentials of the function's role (or a profile), and its Region")], False
-    if error.code == "ResourceNotFoundException":
-        return [Check("table", FAIL, f"no table {table!r} in {transport.region}",
-                      f"create it: aws dynamodb create-table --table-name {table} --attribute-definitions "
-                      f"AttributeName={key},AttributeType=S --key-schema AttributeName={key},KeyType=HASH "
-                      "--billing-mode PAY_PER_REQUEST --sse-specification Enabled=true (or set "
-                      "IDEMPOTENCY_TABLE / --table)")], False
-    if error.code != "AccessDeniedException":
-        return [Check("table", FAIL, f"DescribeTable failed: {error.code}: {error.message}",
-                      "retry doctor (a timeout, a throttle or a 5xx passes); else check the Region, the endpoint "
-                      "and the network")], False
-    return [Check("table", WARN, "these credentials may not call DescribeTable: schema and TTL not checked",
-                  "run doctor with dynamodb:DescribeTable and DescribeTimeToLive (the function does not "
-                  "need them)")], True
-
-
-def table_checks(config: Any, transport: Any) -> tuple[list[Check], bool]:
-    """Credentials, the table, its key schema and TTL. Also whether the permission probe can run."""
-    a = config.attributes
-    table = config.table
-    try:
-        description = transport.call("DescribeTable", {"TableName": table})["Table"]
-    except DynamoDBError as error:
-        return _describe_failed(error, config, transport)
-    except (KeyError, TypeError):  # a 200 whose body has no Table
-        return [_unreadable()], False
-    try:
-        name, status = description["TableName"], description["TableStatus"]
-        schema = {k["KeyType"]: k["AttributeName"] for k in description["KeySchema"]}
-        types = {d["AttributeName"]: d["AttributeType"] for d in description.get("AttributeDefinitions", [])}
-        if not all(isinstance(text, str) for text in (name, status, *schema, *schema.values(), *types,
-                                                      *types.values())):
-            raise TypeError("a name that is not a string")
-    except (KeyError, TypeError, AttributeError, ValueError):
-        return [_unreadable()], False
-    checks = [Check("credentials", PASS, f"accepted in {transport.region} at {transport.endpoint}")]
-    if status in ("ACTIVE", "UPDATING"):
-        checks.append(Check("table", PASS, f"{name} ({status})"))
-    elif status == "CREATING":
-        checks.append(Check("table", WARN, f"{name} is still being created", "wait until it is ACTIVE"))
-    else:  # DELETING, ARCHIVING, ARCHIVED, INACCESSIBLE_ENCRYPTION_CREDENTIALS: no request of the layer will work
-        checks.append(Check("table", FAIL, f"{name} is {status}: the layer's requests fail",
-                            "use an ACTIVE table (for INACCESSIBLE_ENCRYPTION_CREDENTIALS, restore the table's KMS "
-                            "key access)"))
-    expected = {"HASH": a.key} if a.sort_key is None else {"HASH": a.key, "RANGE": a.sort_key}
-    said = ", ".join(f"{name} ({kind}, {types.get(name, '?')})" for kind, name in schema.items())
-    want = f"{a.key} (HASH, S)" + (f", {a.sort_key} (RANGE, S)" if a.sort_key else "")
-    usable = status in ("ACTIVE", "UPDATING", "CREATING")
-    if schema != expected:
-        checks.append(Check("key schema", FAIL, f"the table has {said}; the settings expect {want}",
-                            "set IDEMPOTENCY_KEY_ATTR / IDEMPOTENCY_SORT_KEY_ATTR to the table's key, or use a "
-                            "table with that key"))
-        usable = False
-    elif not all(types.get(name) == "S" for name in expected.values()):
-        checks.append(Check("key schema", FAIL, f"the table has {said}; the layer's keys are strings",
-                            f"use a table whose key attributes are strings (AttributeType S): {want}"))
-        usable = False
-    else:
-        checks.append(Check("key schema", PASS, said))
-    try:
-        ttl = transport.call("DescribeTimeToLive", {"TableName": table}).get("TimeToLiveDescription", {})
-        if not isinstance(ttl, dict):
-            raise TypeError("TimeToLiveDescription")
-    except DynamoDBError as error:
-        checks.append(Check("ttl", WARN, f"DescribeTimeToLive failed: {error.code}", "check TTL in the console"))
-        return checks, usable
-    except (KeyError, TypeError, AttributeError):
-        checks.append(Check("ttl", WARN, "DescribeTimeToLive's answer is not one this doctor can read",
-                            "check TTL in the console"))
-        return checks, usable
-    enable = (f"aws dynamodb update-time-to-live --table-name {table} --time-to-live-specification "
-              f"Enabled=true,AttributeName={a.expires_at}")
-    if ttl.get("TimeToLiveStatus") in ("ENABLED", "ENABLING") and ttl.get("AttributeName") == a.expires_at:
-        checks.append(Check("ttl", PASS, f"enabled on {a.expires_at}"))
-    elif ttl.get("TimeToLiveStatus") in ("ENABLED", "ENABLING"):
-        checks.append(Check("ttl", WARN, f"enabled on {ttl.get('AttributeName')!r}, not on {a.expires_at!r}: "
-                            "records are never deleted", f"disable it, then {enable}"))
-    else:
-        checks.append(Check("ttl", WARN, f"not enabled ({ttl.get('TimeToLiveStatus', 'DISABLED')}): expired "
-                            "records stay in the table for ever (the layer still ignores them)", enable))
-    return checks, usable
-
-
-def permission_checks(store: Any, prefix: str) -> list[Check]:
-    """PutItem, UpdateItem, GetItem and DeleteItem, as the layer makes them, on a probe key removed again, and
-    BatchGetItem (a warning: only a batch's pre-check needs it).
-    A refused condition proves the permission as well as success does (DynamoDB checks access first)."""
-    suffix = os.urandom(8).hex()
-    key, owner = f"{prefix}#doctor-probe-{suffix}", f"doctor-{suffix}"
-    now = time.time()
-    fix = "grant the function's role dynamodb:{} on table " + repr(store.table)
-    checks = []
-    claimed = False
-    denied: set[str] = set()
-
-    def probe(operation: str, action: Any) -> Any:
-        try:
-            done = action()
-        except (IdempotencyPersistenceLayerError, DynamoDBError) as error:
-            code = _code(error)
-            if code in _DENIALS:
-                denied.add(operation)
-                checks.append(Check(f"permission {operation}", FAIL, f"{code} on probe key {key}",
-                                    fix.format(operation)))
-            else:  # a throttle, a 5xx, a timeout: says nothing about the role
-                checks.append(Check(f"permission {operation}", FAIL, f"could not be proven ({code}) on probe key "
-                                    f"{key}", f"the table answered {code}: retry doctor"))
-            return None
-        checks.append(Check(f"permission {operation}", PASS, f"probe key {key}"))
-        return done
-
-    claimed = probe("PutItem", lambda: store.claim(key, owner, now, int(now * 1000) + PROBE_SECONDS * 1000,
-                                                   int(now) + PROBE_SECONDS) is None)
-    probe("UpdateItem", lambda: store.complete(key, owner, codec.Encoded(codec.DONE, None), int(now) + PROBE_SECONDS))
-    probe("GetItem", lambda: store.get(key))
-    released = probe("DeleteItem", lambda: store.release(key, owner))
-    # BatchGetItem serves only a batch's pre-check, and the layer works without it: a warning, never a failure.
-    try:
-        store.read([key])
-    except (IdempotencyPersistenceLayerError, DynamoDBError) as error:
-        code = _code(error)
-        if code in _DENIALS:
-            checks.append(Check("permission BatchGetItem", WARN, f"{code} on probe key {key}: each record of a "
-                                "redelivered batch is claimed instead of read in one request",
-                                fix.format("BatchGetItem")))
-        else:
-            checks.append(Check("permission BatchGetItem", WARN, f"could not be proven ({code}) on probe key "
-                                f"{key}", f"the table answered {code}: retry doctor"))
-    else:
-        checks.append(Check("permission BatchGetItem", PASS, f"probe key {key}"))
-    if claimed and not released:
-        checks.append(Check("probe record", WARN, f"{key} stays until {PROBE_SECONDS} s after the probe (the "
-                            "layer then ignores it; TTL deletes it)",
-                            fix.format("DeleteItem") if "DeleteItem" in denied else "nothing to do: it expires"))
-    return checks
 
 
 def run(args: Any, env: dict[str, str]) -> list[Check]:
@@ -564,50 +355,32 @@ def run(args: Any, env: dict[str, str]) -> list[Check]:
             checks.append(following)
     else:
         checks += _deployment_checks(config, configuration, mappings, session, timeout or 3)
+    # Each backend's checks are imported only when the settings name it.
     if config.store == "valkey":
-        return checks + _valkey_checks(config) + _bucket_checks(config)
+        from .checks import valkey
+
+        return checks + valkey.checks(config) + _bucket_checks(config)
     try:
         transport = _settings.transport(config, env)
     except Exception as error:
         return [*checks, _client_failed(error, env)]
-    found, probe = table_checks(config, transport)
-    checks += found
-    if probe:
-        from ..stores.dynamodb.store import DynamoDBStore
+    from .checks import dynamodb
 
-        store = DynamoDBStore(transport, config.table, config.attributes, config.partition_value)
-        checks += permission_checks(store, config.key_prefix)
-    return checks + _bucket_checks(config)
+    return checks + dynamodb.checks(config, transport) + _bucket_checks(config)
 
 
 def _bucket_checks(config: Any) -> list[Check]:
     """The large-results bucket, when IDEMPOTENCY_LARGE_RESULTS_BUCKET is set."""
     if config.large_results_bucket is None:
         return []
-    from .checks.bucket import bucket_checks
+    from .checks import bucket as _bucket
 
     try:
         bucket = _settings.bucket(config)
     except Exception as error:
         return [Check("large results bucket", FAIL, f"could not be set up: {type(error).__name__}: {error}",
                       "check AWS_REGION and the credentials")]
-    return bucket_checks(bucket, Check)
-
-
-def _valkey_checks(config: Any) -> list[Check]:
-    from ..stores.valkey import make_store
-    from .checks.valkey import probe_checks, server_checks
-
-    try:
-        store = make_store(config)
-    except Exception as error:  # the CA bundle unreadable, say
-        return [Check("client", FAIL, f"the Valkey client could not be set up: {type(error).__name__}: {error}",
-                      "check AWS_CA_BUNDLE and IDEMPOTENCY_VALKEY_URL")]
-    try:
-        found, nodes = server_checks(store, Check)
-        return found + probe_checks(store, config.key_prefix, Check, nodes)
-    finally:
-        store.client.close()
+    return _bucket.checks(bucket)
 
 
 def _deployment_checks(config: Any, configuration: dict[str, Any], mappings: list[dict[str, Any]], session: Any,

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import os
 
+from .check import FAIL, PASS, WARN, Check
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
 
-def bucket_checks(bucket: Any, check: Any) -> list[Any]:
+def checks(bucket: Any) -> list[Check]:
+    """PutObject, GetObject and DeleteObject on a probe object, as the layer and the CLI's purge make them."""
     from ...stores.s3 import S3Error
 
     probe = f"doctor-probe-{os.urandom(8).hex()}"
@@ -21,22 +24,22 @@ def bucket_checks(bucket: Any, check: Any) -> list[Any]:
     pointer = None
     try:
         pointer = bucket.put(probe, "doctor", b"idempotency-layer doctor probe")
-        rows.append(check("large results PutObject", "PASS", f"{where}{probe}/doctor (SSE-S3)"))
+        rows.append(Check("large results PutObject", PASS, f"{where}{probe}/doctor (SSE-S3)"))
         bucket.get(pointer)
-        rows.append(check("large results GetObject", "PASS", "read back, size and SHA-256 as written"))
+        rows.append(Check("large results GetObject", PASS, "read back, size and SHA-256 as written"))
         bucket.delete(pointer.object_key)
-        rows.append(check("large results DeleteObject", "PASS", "the probe object removed"))
+        rows.append(Check("large results DeleteObject", PASS, "the probe object removed"))
         pointer = None
     except S3Error as error:
         if error.code is None:
             fix = "S3 did not answer: check the network path (a VPC needs an S3 gateway endpoint or a NAT)"
         elif error.code == "NoSuchBucket":
             fix = f"create the bucket {bucket.name}, in the function's Region, or fix the setting"
-        rows.append(check("large results bucket", "FAIL", str(error), fix))
+        rows.append(Check("large results bucket", FAIL, str(error), fix))
     if pointer is not None:  # written but not read back or deleted: try to leave nothing behind
         try:
             bucket.delete(pointer.object_key)
         except S3Error:
-            rows.append(check("large results probe", "WARN", f"{where}{probe}/doctor could not be deleted",
+            rows.append(Check("large results probe", WARN, f"{where}{probe}/doctor could not be deleted",
                               "the bucket's lifecycle rule removes it"))
     return rows

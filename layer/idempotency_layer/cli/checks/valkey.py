@@ -12,35 +12,45 @@ import time
 
 from ... import codec
 from ...errors import IdempotencyPersistenceLayerError
+from .check import FAIL, PASS, PROBE_SECONDS, WARN, Check
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-PROBE_SECONDS = 120
 GRANT = "+evalsha +eval +info +cluster|slots +asking +exists +hmget +hgetall +hget +hset +hdel +del +expire"
 
 
-def _info(store: Any, section: str) -> dict[str, str]:
-    from ...stores.valkey.store import _info as parse
+def checks(config: Any) -> list[Check]:
+    """The store the layer would use for `config`, its server's checks, then the probe on each primary."""
+    from ...stores.valkey import make_store  # its own store: the checks read its client and policies
 
-    return parse(store.client.command(None, "INFO", section))
+    try:
+        store = make_store(config)
+    except Exception as error:  # the CA bundle unreadable, say
+        return [Check("client", FAIL, f"the Valkey client could not be set up: {type(error).__name__}: {error}",
+                      "check AWS_CA_BUNDLE and IDEMPOTENCY_VALKEY_URL")]
+    try:
+        found, nodes = server_checks(store)
+        return found + probe_checks(store, config.key_prefix, nodes)
+    finally:
+        store.client.close()
 
 
-def server_checks(store: Any, check: Any) -> tuple[list[Any], list[tuple[str, int]]]:
-    """The server's own facts, as `check(name, status, detail, fix)` rows; and the primaries that answered (in
-    cluster mode every primary of CLUSTER SLOTS, as the layer's init checks them)."""
+def server_checks(store: Any) -> tuple[list[Check], list[tuple[str, int]]]:
+    """The server's own facts; and the primaries that answered (in cluster mode every primary of CLUSTER SLOTS,
+    as the layer's init checks them)."""
     from ...stores.valkey.client import ValkeyError
 
     rows = []
     url = store.client.url
     if url.tls:
-        rows.append(check("tls", "PASS", f"rediss://: TLS, the server's certificate verified for {url.host}"))
+        rows.append(Check("tls", PASS, f"rediss://: TLS, the server's certificate verified for {url.host}"))
     else:
-        rows.append(check("tls", "WARN", "redis://: plain text; records and the password cross the network unencrypted",
+        rows.append(Check("tls", WARN, "redis://: plain text; records and the password cross the network unencrypted",
                           "enable in-transit encryption on the cluster and use rediss://"))
     try:
-        server, cluster, persistence = (_info(store, name) for name in ("server", "cluster", "persistence"))
+        server, cluster, persistence = (store.info(name) for name in ("server", "cluster", "persistence"))
         policies = store.policies()
     except ValkeyError as error:
         if error.step == "SELECT":
@@ -57,27 +67,27 @@ def server_checks(store: Any, check: Any) -> tuple[list[Any], list[tuple[str, in
         else:
             said, fix = "did not answer", ("check the URL, the security group (the function and the cluster in one "
                                            "VPC), TLS (AWS_CA_BUNDLE) and the network")
-        rows.append(check("server", "FAIL", f"{store.name} {said}: {error}", fix))
+        rows.append(Check("server", FAIL, f"{store.name} {said}: {error}", fix))
         return rows, []
     engine = "valkey" if server.get("server_name") == "valkey" or "valkey_version" in server else "redis"
     version = server.get("valkey_version") or server.get("redis_version") or "?"
     major = int(version.split(".")[0]) if version.split(".")[0].isdigit() else 0
-    rows.append(check("server", "PASS" if major >= 7 else "WARN", f"{engine} {version} at {store.name}",
+    rows.append(Check("server", PASS if major >= 7 else WARN, f"{engine} {version} at {store.name}",
                       None if major >= 7 else "the layer is tested on Redis OSS 7 and Valkey 9: upgrade the engine"))
     clustered = cluster.get("cluster_enabled") == "1"
-    rows.append(check("cluster mode", "PASS", f"enabled, {len(policies)} primaries: commands follow MOVED to the "
+    rows.append(Check("cluster mode", PASS, f"enabled, {len(policies)} primaries: commands follow MOVED to the "
                       "node of each key's slot" if clustered else "disabled (one shard)"))
     lossy = {node: policy for node, policy in policies.items() if policy != "noeviction"}
     if not lossy:
-        rows.append(check("eviction", "PASS", "maxmemory-policy noeviction" + (" on every primary" if clustered else "")
+        rows.append(Check("eviction", PASS, "maxmemory-policy noeviction" + (" on every primary" if clustered else "")
                           + ": records are never evicted"))
     for (host, port), policy in lossy.items():
         where = f" on {host}:{port}" if clustered else ""
-        rows.append(check("eviction", "FAIL", f"maxmemory-policy {policy}{where}: records (claims, results) may be "
+        rows.append(Check("eviction", FAIL, f"maxmemory-policy {policy}{where}: records (claims, results) may be "
                           "evicted under memory pressure and a handler run twice; the layer refuses to start",
                           "set maxmemory-policy to noeviction in the cluster's parameter group"))
     aof = persistence.get("aof_enabled") == "1"
-    rows.append(check("durability", "WARN", (
+    rows.append(Check("durability", WARN, (
         "append-only file on" if aof else "no append-only file") + "; whether an acknowledged write survives a "
         "failover depends on the deployment, which the protocol does not show: MemoryDB keeps it (a Multi-AZ "
         "transaction log), ElastiCache replicates asynchronously and may lose it",
@@ -94,16 +104,16 @@ def _probe_key(store: Any, prefix: str, node: tuple[str, int], primaries: int) -
     return key  # (a node serving almost no slot: the probe lands where it lands)
 
 
-def probe_checks(store: Any, prefix: str, check: Any, nodes: list[tuple[str, int]]) -> list[Any]:
+def probe_checks(store: Any, prefix: str, nodes: list[tuple[str, int]]) -> list[Check]:
     """claim, complete, read, release as the layer makes them, on a probe key removed again: one per primary."""
     rows = []
     for node in nodes:
         where = f" on {node[0]}:{node[1]}" if len(nodes) > 1 else ""
-        rows += _probe(store, _probe_key(store, prefix, node, len(nodes)), where, check)
+        rows += _probe(store, _probe_key(store, prefix, node, len(nodes)), where)
     return rows
 
 
-def _probe(store: Any, key: str, where: str, check: Any) -> list[Any]:
+def _probe(store: Any, key: str, where: str) -> list[Check]:
     owner = f"doctor-{os.urandom(8).hex()}"
     now = time.time()
     rows = []
@@ -119,9 +129,9 @@ def _probe(store: Any, key: str, where: str, check: Any) -> list[Any]:
                 fix = "the URL names a replica: use the primary (or cluster configuration) endpoint"
             else:
                 fix = "retry doctor"
-            rows.append(check(f"probe {name}", "FAIL", f"on probe key {key}{where}: {text}", fix))
+            rows.append(Check(f"probe {name}", FAIL, f"on probe key {key}{where}: {text}", fix))
             return False
-        rows.append(check(f"probe {name}", "PASS", f"probe key {key}{where}"))
+        rows.append(Check(f"probe {name}", PASS, f"probe key {key}{where}"))
         return True
 
     # A step that failed leaves the later ones nothing to prove: they are not run.

@@ -160,6 +160,10 @@ class ValkeyStore:
             return
         self._unverified = None
 
+    def info(self, section: str) -> dict[str, str]:
+        """The fields of `INFO section` (the server's, in cluster mode the seed's): what doctor reports of it."""
+        return _info(self.client.command(None, "INFO", section))
+
     def policies(self, deadline: Deadline | None = None) -> dict[tuple[str, int], str | None]:
         """Each primary's `maxmemory-policy` (`INFO memory`): the server's, or in cluster mode every primary's."""
         client = self.client
