@@ -27,6 +27,7 @@ from typing import Any
 
 from common import ROOT
 from stats import median_ms
+from tables import table
 
 FLOOR_SYSTEMS = ("layer", "floor", "powertools", "layer+token", "floor+token")
 # The capture's event: the same order id but for its last five digits, "x" and four of this process's own (no
@@ -153,8 +154,6 @@ def measure(endpoint: str, tables: dict[str, str], iterations: int, warmup: int,
 
 
 def render(rows: dict[str, Any]) -> str:
-    from report import _table
-
     header = ["path", "layer ms", "floor ms", "layer / floor", "with a session token: layer ms", "floor ms",
               "layer / floor", "Powertools ms", "layer / Powertools"]
     lines = [[name, f"{cpu['layer']:.3f}", f"{cpu['floor']:.3f}", f"{row['layer_over_floor']:.2f}",
@@ -162,7 +161,7 @@ def render(rows: dict[str, Any]) -> str:
               f"{cpu['powertools']:.3f}", f"{row['layer_over_powertools']:.2f}"]
              for name, row in rows.items() for cpu in (row["cpu_p50_ms"],)]
     return ("\nThe floor: CPU per invocation against plain http.client sending the layer's own requests (medians, "
-            "in-process, interleaved; ratios: the median of paired batches' ratios)\n" + _table(header, lines, True))
+            "in-process, interleaved; ratios: the median of paired batches' ratios)\n" + table(header, lines, True))
 
 
 # -- A/B: the layer against another revision's ---------------------------------------------------------------
@@ -253,8 +252,6 @@ def _paired(a: list[int], b: list[int]) -> float:
 
 
 def render_ab(revision: str, rows: dict[str, Any]) -> str:
-    from report import _table
-
     base, _, other = revision.partition("..")
     header = ["path", "A ms", "B ms", "saved us", "B / A", "with a token: A ms", "B ms", "saved us", "B / A"]
     lines = [[name, f"{cpu['layer@base']:.3f}", f"{cpu['layer']:.3f}", f"{row['saved_us']:.1f}",
@@ -263,4 +260,4 @@ def render_ab(revision: str, rows: dict[str, Any]) -> str:
              for name, row in rows.items() for cpu in (row["cpu_p50_ms"],)]
     return (f"\nA/B: {other or 'this tree'} (B) against {base} (A), CPU per invocation (medians, in-process, "
             "interleaved, eight rounds of fresh processes; saved: the median of paired batches' differences)\n"
-            + _table(header, lines, True))
+            + table(header, lines, True))

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from stats import mean_ms, median_ms, percentile_ms, ratio
+from tables import table
 
 PACKAGES = ("boto3", "botocore", "orjson", "aws-lambda-powertools", "urllib3", "jmespath", "awslambdaric",
             "matplotlib")
@@ -235,18 +236,6 @@ def _fmt(value: float, digits: int = 3) -> str:
     return f"{value:.{digits}f}"
 
 
-def _table(header: list[str], rows: list[list[str]], markdown: bool) -> str:
-    if markdown:
-        lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
-        lines += ["| " + " | ".join(row) + " |" for row in rows]
-        return "\n".join(lines)
-    widths = [max(len(str(x)) for x in column) for column in zip(header, *rows, strict=True)]
-    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
-    out.append("  ".join("-" * w for w in widths))
-    out += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
-    return "\n".join(out)
-
-
 def _ratio_cell(value: float) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:.2f}x"
 
@@ -258,7 +247,7 @@ def render_in_place(profile: dict[str, Any], markdown: bool = False) -> str:
     rows = [[row["part"], *(_fmt(found[name][i]["us"], 1) for name in names)]
             for i, row in enumerate(found[names[0]])]
     return ("\nWhere the layer's CPU goes, timed in place (CPU us per invocation, each part wrapped in a timer while "
-            "real invocations run; bench/profile_hot.py)\n" + _table(["part", *names], rows, markdown))
+            "real invocations run; bench/profile_hot.py)\n" + table(["part", *names], rows, markdown))
 
 
 def render(summary: dict[str, Any], markdown: bool = False, cprofile: bool = True) -> str:
@@ -285,7 +274,7 @@ def render(summary: dict[str, Any], markdown: bool = False, cprofile: bool = Tru
     parts.append("\nThis layer (lean transport) / Powertools @idempotent, in-process, per invocation (SQS rows: "
                  "layer-sqs / powertools-sqs, Kafka rows: layer-kafka or layer-kafka-always / powertools-kafka, "
                  "per batch)")
-    parts.append(_table(header, rows, markdown))
+    parts.append(table(header, rows, markdown))
 
     # 2. Every system, every figure.
     header = ["path", "system", "wall p50 ms", "wall p95 ms", "CPU p50 ms", "CPU mean ms", "requests", "bytes sent",
@@ -303,7 +292,7 @@ def render(summary: dict[str, Any], markdown: bool = False, cprofile: bool = Tru
                          _fmt(f["bytes_sent"], 0), _fmt(f["handler_runs"], 2), _ratio_cell(ratio(f["cpu_p50_ms"], pt))])
     parts.append("\nAll systems (bare = the handler alone; layer-boto3 = IDEMPOTENCY_TRANSPORT=boto3; batch rows: "
                  "handler runs = records whose work ran, per batch)")
-    parts.append(_table(header, rows, markdown))
+    parts.append(table(header, rows, markdown))
     wrong = [(p, s) for p, e in summary["paths"].items() for s, f in e["systems"].items() if f["wrong_results"]]
     if wrong:
         parts.append(f"WARNING: results differing from the handler's: {wrong}")
@@ -323,7 +312,7 @@ def render(summary: dict[str, Any], markdown: bool = False, cprofile: bool = Tru
             rows.append([system, _fmt(f["wall_ms"], 1), _fmt(over, 1), _fmt(f["cpu_ms"], 1),
                          _fmt(init["overhead_cpu_ms"].get(system, math.nan), 1), _fmt(f["hwm_mb"], 1),
                          _fmt(init["added_rss_mb"].get(system, math.nan), 1), _ratio_cell(ratio(over, theirs))])
-        parts.append(_table(header, rows, markdown))
+        parts.append(table(header, rows, markdown))
         tls = init.get("tls")
         if tls:
             parts.append(f"\nInit over TLS: {tls['endpoint']} is a TLS-terminating forwarder on loopback in front of "
@@ -347,14 +336,14 @@ def render(summary: dict[str, Any], markdown: bool = False, cprofile: bool = Tru
                              _fmt(t["over_ms"], 1), _fmt(t["over_cpu_ms"], 1), _fmt(t["added_rss_mb"], 1),
                              _fmt(t["tls_adds_ms"], 1), _fmt(t["tls_adds_cpu_ms"], 1), _fmt(t["tls_adds_rss_mb"], 1),
                              how])
-            parts.append(_table(header, rows, markdown))
+            parts.append(table(header, rows, markdown))
         parts.append("\nPeak RSS of the layer's init, step by step (one process; each step's own megabytes)")
-        parts.append(_table(["step", "peak RSS MB", "added MB"],
+        parts.append(table(["step", "peak RSS MB", "added MB"],
                             [[r["step"], _fmt(r["hwm_mb"], 1), _fmt(r["added_mb"], 1)] for r in init["rss_steps"]],
                             markdown))
         parts.append("\n`python -X importtime` of idempotency_layer.interceptor (the layer with its .pyc), "
                      "top 10 cumulative")
-        parts.append(_table(["module", "cumulative ms", "self ms"],
+        parts.append(table(["module", "cumulative ms", "self ms"],
                             [[m["module"], _fmt(m["cumulative_ms"], 1), _fmt(m["self_ms"], 1)]
                              for m in init["importtime"]], markdown))
 
@@ -385,7 +374,7 @@ def render(summary: dict[str, Any], markdown: bool = False, cprofile: bool = Tru
                                                    added["powertools"]["wall_p50_ms"])), "",
                                  _ratio_cell(ratio(added["with layer"]["runtime_cpu_ms"],
                                                    added["powertools"]["runtime_cpu_ms"])), ""])
-            parts.append(_table(header, rows, markdown))
+            parts.append(table(header, rows, markdown))
 
     if summary.get("floor"):
         import floor
@@ -395,19 +384,19 @@ def render(summary: dict[str, Any], markdown: bool = False, cprofile: bool = Tru
     if profile:
         parts.append(render_in_place(profile, markdown))
         parts.append("\nThe layer's hot-path parts timed alone, warm, no profiler (CPU ms per call, best of 5 means)")
-        parts.append(_table(["part", "CPU ms"], [[c["part"], _fmt(c["ms"], 4)] for c in profile["components"]],
+        parts.append(table(["part", "CPU ms"], [[c["part"], _fmt(c["ms"], 4)] for c in profile["components"]],
                             markdown))
         for name, found in (profile["cprofile"] if cprofile else {}).items():
             parts.append(f"\ncProfile (timer time.process_time) of the layer's {name}, lean transport, per "
                          "invocation (profiler overhead included)")
-            parts.append(_table(["function, by own time", "calls", "own ms", "cumulative ms"],
+            parts.append(table(["function, by own time", "calls", "own ms", "cumulative ms"],
                                 [[t["function"], str(t["calls"]), _fmt(t["own_ms"], 4), _fmt(t["cum_ms"], 4)]
                                  for t in found["top"]], markdown))
 
     parts.append("\nTargets (this layer, ratios within this run)")
     rows = [[t["target"], _fmt(t["measured"], 3) + (" " + t["unit"] if t["unit"] != "x" else "x"),
              t["verdict"], t["detail"]] for t in summary["targets"]]
-    parts.append(_table(["target", "measured", "verdict", "detail"], rows, markdown))
+    parts.append(table(["target", "measured", "verdict", "detail"], rows, markdown))
     return "\n".join(parts)
 
 

@@ -38,6 +38,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # tests.support
 import inprocess
 import report
 from common import BENCH, CREDENTIALS, E2E_POWERTOOLS_TABLE, SQS_BATCH, SYSTEMS
+from tables import table
 
 from tests.support.counting_proxy import CountingProxy
 from tests.support.dynamodb_local import DynamoDBLocal, create_table
@@ -100,7 +101,7 @@ def _render_metrics_cost(rows: dict[str, Any]) -> str:
               f"{row['added_us']:.0f}"] for name, row in rows.items()]
     return ("\nWhat metrics cost: the layer's CPU per invocation, IDEMPOTENCY_METRICS=emf over off (medians, "
             "in-process, interleaved)\n"
-            + report._table(["path", "CPU ms off", "CPU ms emf", "ratio", "added us"], lines, True))
+            + table(["path", "CPU ms off", "CPU ms emf", "ratio", "added us"], lines, True))
 
 
 def _dynamodb(work: Any, extra: tuple[str, ...] = ()) -> Any:

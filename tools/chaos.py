@@ -81,10 +81,10 @@ from typing import Any
 
 import boto3
 
-from tests.support import downloads
 from tests.support.dynamodb_local import DynamoDBLocal, create_table, wait_for
 from tests.support.fault_proxy import KINDS, FaultProxy, even_mix
 from tests.support.rie import ROOT, Invocation, LambdaEnvironment, _session_members, ensure_layer, unpack_layer
+from tools.runtime import runtime_python, terminated
 
 APP = ROOT / "tests" / "e2e" / "apps" / "chaos.py"
 HANDLER = "chaos.handler"
@@ -1339,17 +1339,6 @@ def without_persistence(opt_dir: Path, dest: Path) -> Path:
     return dest
 
 
-def runtime_python(version: str | None = None) -> tuple[str, Path]:
-    runtimes = downloads.runtimes()
-    if not runtimes:
-        raise RuntimeError("no Python 3.10-3.13 runtime found (python -m tests.support.downloads)")
-    if version is None:
-        version = "3.12" if "3.12" in runtimes else max(runtimes, key=lambda v: tuple(map(int, v.split("."))))
-    if version not in runtimes:
-        raise RuntimeError(f"no Python {version} runtime; found {', '.join(sorted(runtimes))}")
-    return version, runtimes[version]
-
-
 def soak(settings: Settings, *, work: Path, dynamodb_endpoint: str, opt_dir: Path,
          say: Callable[[str], None] = print) -> dict[str, Any]:
     """Run one soak in `work` (which must be empty or missing); the report as `report_lines` prints it."""
@@ -1515,17 +1504,13 @@ def _commit() -> str | None:
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
-def _terminated(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)  # unwinds through the finally blocks that stop what the soak started
-
-
 def main(argv: list[str] | None = None) -> int:
     if "--durable" in (sys.argv[1:] if argv is None else argv):  # durable executions fed twice: its own soak
         from tools import durable_soak
 
         return durable_soak.main([arg for arg in (sys.argv[1:] if argv is None else argv) if arg != "--durable"])
     args = _parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGTERM, terminated)
     fault_rate = args.fault_rate if args.fault_rate is not None else (0.3 if args.compare_persistence else 0.05)
     base = Settings(invocations=args.invocations, duplicates=args.duplicates, fault_rate=fault_rate,
                     kill_rate=args.kill_rate, environments=args.environments, seed=args.seed, timeout=args.timeout,

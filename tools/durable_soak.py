@@ -53,7 +53,7 @@ from tests.support.durable import LocalRunner, function_package, sqs_input
 from tests.support.dynamodb_local import DynamoDBLocal, create_table
 from tests.support.fault_proxy import FaultProxy, even_mix
 from tests.support.rie import LambdaEnvironment, ensure_layer, unpack_layer
-from tools.chaos import _terminated, runtime_python
+from tools.runtime import runtime_python, terminated
 
 FUNCTION = "function"  # the one name the emulator serves
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "soak", "AWS_SECRET_ACCESS_KEY": "soak", "AWS_REGION": "us-east-1",
@@ -369,7 +369,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGTERM, terminated)
     settings = Settings(orders=args.orders, duplicates=args.duplicates, kill_rate=args.kill_rate,
                         fault_rate=args.fault_rate, environments=args.environments, seed=args.seed, rate=args.rate,
                         python=args.python, mode=args.mode)

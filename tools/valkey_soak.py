@@ -70,6 +70,7 @@ from tools.chaos import (
     payload,
     reserve_s,
 )
+from tools.runtime import runtime_python, terminated
 
 PERSISTENCE = {
     "always": ("--appendonly", "yes", "--appendfsync", "always"),
@@ -420,7 +421,7 @@ def soak(settings: Settings, valkey_settings: ValkeySettings, *, work: Path, opt
          server: Server | None = None, say: Callable[[str], None] = print) -> dict[str, Any]:
     """Run one Valkey soak in `work` (empty or missing) against `server` (started with `valkey_settings`'
     persistence when None, and stopped after); the report as `report_lines` prints it."""
-    version, python = chaos.runtime_python(settings.python)
+    version, python = runtime_python(settings.python)
     work.mkdir(parents=True, exist_ok=True)
     own = server is None
     server = start_server(valkey_settings) if server is None else server
@@ -529,13 +530,9 @@ def _commit() -> str | None:
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
-def _terminated(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)  # unwinds through the finally blocks that stop what the soak started
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGTERM, terminated)
     settings = Settings(invocations=args.invocations, duplicates=args.duplicates, fault_rate=args.fault_rate,
                         kill_rate=args.kill_rate, environments=args.environments, seed=args.seed,
                         timeout=args.timeout, attempts=args.attempts, work_ms=args.work_ms, overrun=args.overrun,
