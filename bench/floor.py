@@ -58,10 +58,10 @@ class Floor:
         import bench_handler
         from common import Context
 
-        from idempotency_layer.stores.dynamodb import connection
+        from idempotency_layer.stores.dynamodb import http_connection
 
         written: list[bytes] = []
-        original = connection._Connection.send
+        original = http_connection.Connection.send
         runs = bench_handler.RUNS
 
         def record(self_: Any, data: Any) -> None:
@@ -69,11 +69,11 @@ class Floor:
             written.append(bytes(data) + (body or b""))
             original(self_, data)
 
-        connection._Connection.send = record  # type: ignore[method-assign]
+        http_connection.Connection.send = record  # type: ignore[method-assign]
         try:
             self._layer(event, Context())
         finally:
-            connection._Connection.send = original  # type: ignore[method-assign]
+            http_connection.Connection.send = original  # type: ignore[method-assign]
             bench_handler.RUNS = runs  # the capture's run is not the floor's
         if len(written) != 2:
             raise RuntimeError(f"the layer wrote {len(written)} requests for a first execution, not 2")

@@ -75,9 +75,9 @@ class Pointer(_PointerFields):
 
 
 def _bucket_name(name: str) -> bool:
-    from ..config import _BUCKET  # the setting's own rule: the layer writes no other bucket into a pointer
+    from ..store_settings import BUCKET  # the setting's own rule: the layer writes no other bucket into a pointer
 
-    return _BUCKET.fullmatch(name) is not None
+    return BUCKET.fullmatch(name) is not None
 
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")

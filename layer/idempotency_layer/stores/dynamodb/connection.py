@@ -6,16 +6,19 @@ adds what the layer needs around it, one concern per part below:
 
     Pool.send ──> _take (an idle connection, checked by _alive) or _new (connect, proxy tunnel, TLS)
               ──> _exchange: putrequest/putheader/endheaders (head and body in one write)
-                             getresponse, read ──> _Reader (a BufferedReader of ours)
-                                                  ──> _Timed (the read timeout rule) ──> socket
+                             getresponse, read ──> Reader (a BufferedReader of ours)
+                                                  ──> Timed (the read timeout rule) ──> socket
               ──> _give back (the keep-alive rule) or drop
+
+One connection (`Connection`, with its `Reader` and `Timed`) is in http_connection.py; the pool, its rules and
+its errors are here.
 
 Keep-alive rule (`_exchange`, `_alive`): a connection goes back to the pool only when its answer was read to
 its exact end (nothing buffered after it, nothing decrypted and pending, no end of stream seen), the answer did
 not say it closes, and the whole request was written. An idle connection with anything to read (an end of
 stream or stray bytes) is dropped before reuse. So an answer is always the one to the request just written.
 
-Timeout rule (`send` for the attempt's end, `_new` for connecting, `_Timed.readinto` for reading): an attempt
+Timeout rule (`send` for the attempt's end, `_new` for connecting, `Timed.readinto` for reading): an attempt
 ends at `Budget.end`, which the caller's deadline sets, or else the connect timeout plus the read timeout after
 it starts; connecting gets min(connect timeout, what the attempt has left), and so does each read of a proxy's
 CONNECT answer, which ends with the attempt too; the TLS handshake gets what is left after that; writing the
@@ -34,10 +37,8 @@ Only https endpoints import `ssl` here (http.client imports it anyway when it is
 from __future__ import annotations
 
 import http.client
-import io
 import os
 import re
-import select
 import socket
 import sys
 import threading
@@ -47,13 +48,13 @@ from collections.abc import Iterator, Mapping
 from urllib.parse import unquote, urlsplit
 
 from ...aws.target import request_target
+from .http_connection import Connection
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
     from typing import Any, NamedTuple
 
 _MAX_IDLE = 10  # batch claims run up to 10 requests at once (sources/batch.py)
-_BUFFER = 65536  # the reader's buffer: most answers arrive in one read
 # The largest answer read: the layer's requests are answered with at most one item (400 KB, its binary values in
 # base64), far below this; a length above it (a broken or hostile peer) is a broken answer, never an allocation.
 _MAX_ANSWER = 4 * 1024 * 1024
@@ -117,144 +118,7 @@ def after_fork(owner: Any, forget: Any) -> None:
     os.register_at_fork(after_in_child=in_child)
 
 
-# -- reading: the timeout rule, and bytes we can count -----------------------------------------------------------
-
-
-class _Timed(io.RawIOBase):
-    """The socket as http.client's reader sees it. Each read waits at most `limit` (the read timeout) and never
-    past `end` (the attempt's end); `received` counts every byte, `eof` says the peer's end of stream was read.
-
-    It reads through `sock.makefile`'s raw file, which holds the socket open when http.client closes its
-    connection before the body of a closing answer is read (as its own makefile reader does)."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        super().__init__()
-        self.sock = sock
-        self._file = sock.makefile("rb", buffering=0)
-        self.timeout = sock.gettimeout()  # what the socket has: settimeout costs a system call, made on change only
-        self.end: float | None = None
-        self.limit: float | None = None
-        self.received = 0
-        self.eof = False
-
-    def readable(self) -> bool:
-        return True
-
-    def set_timeout(self, timeout: float) -> None:
-        if timeout != self.timeout:
-            self.sock.settimeout(timeout)
-            self.timeout = timeout
-
-    def readinto(self, buffer: Any) -> int | None:
-        end = self.end
-        if end is not None:  # without an end, the socket keeps the read timeout _exchange gave it
-            left = end - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("the attempt's time ran out while reading")
-            self.set_timeout(left if self.limit is None or self.limit > left else self.limit)
-        count = self._file.readinto(buffer)
-        if count:
-            self.received += count
-        elif count == 0:
-            self.eof = True
-        return count
-
-    def tell(self) -> int:
-        # The reader's tell() is this minus what it holds unread: how many bytes it has read ahead.
-        return self.received
-
-    def close(self) -> None:
-        self._file.close()  # the socket closes once http.client has closed it too
-        super().close()
-
-
-class _Reader(io.BufferedReader):
-    """The answer's reader for every response on one connection (http.client's `fp`); http.client's close of it
-    is ignored, as the connection lives on. `ahead()` says how many bytes it has read past what was taken."""
-
-    raw: _Timed
-
-    def makefile(self, mode: str) -> _Reader:  # HTTPResponse(sock) calls sock.makefile("rb")
-        return self
-
-    def close(self) -> None:
-        pass
-
-    def flush(self) -> None:  # HTTPResponse.close flushes its fp, maybe after the connection was dropped
-        pass
-
-    def ahead(self) -> int:
-        return self.raw.received - self.tell()
-
-
-# -- one connection --------------------------------------------------------------------------------------------
-
-
-class _Connection(http.client.HTTPConnection):
-    """http.client's connection, with our reader under every response (after connect), one write per request,
-    and no silent reconnect: a connection the server closed must be seen as closed."""
-
-    auto_open = 0
-    reader: _Reader | None = None
-    tls: Any = None  # the SSLSocket over https, for what OpenSSL holds decrypted and unread
-    _body: bytes | None = None
-
-    poller: Any = None  # select.poll on the socket, once attached
-    tunnel_end: float | None = None  # when the attempt reading a proxy's CONNECT answer ends
-    tunnel_reader: _Reader | None = None
-
-    # http.client calls response_class(sock, method=...) for every answer: here it reads through our reader, which
-    # HTTPResponse takes in place of a socket (it only calls its makefile), so the checker sees a mismatch it is not.
-    def response_class(  # type: ignore[override]
-            self, sock: Any, debuglevel: int = 0, method: str | None = None,
-            url: str | None = None) -> http.client.HTTPResponse:
-        if self.reader is None:
-            # A proxy's CONNECT answer, before attach(): read through a timed reader too, so that one trickled a
-            # byte at a time cannot hold the attempt past its end (each read waits at most the socket's timeout).
-            timed = _Timed(sock)
-            timed.end, timed.limit = self.tunnel_end, sock.gettimeout()
-            self.tunnel_reader = _Reader(timed, _BUFFER)
-            return http.client.HTTPResponse(self.tunnel_reader, debuglevel, method)  # type: ignore[arg-type]
-        return http.client.HTTPResponse(self.reader, debuglevel, method)  # type: ignore[arg-type]
-
-    def tunnel_done(self) -> bool:
-        """Let go of the CONNECT answer's reader; False if the proxy sent bytes after that answer (before our TLS
-        handshake began), which no TLS server does."""
-        reader, self.tunnel_reader = self.tunnel_reader, None
-        if reader is None:
-            return True
-        clean = reader.ahead() == 0
-        reader.raw.close()  # its file on the socket, before the socket is wrapped for TLS
-        return clean
-
-    def attach(self) -> None:
-        """Put our reader on the connected (and, over https, wrapped) socket, and the poll object `_alive` asks."""
-        self.reader = _Reader(_Timed(self.sock), _BUFFER)
-        self.poller = select.poll()
-        self.poller.register(self.sock, select.POLLIN)
-
-    def send(self, data: Any) -> None:
-        body = self._body
-        if body is not None:  # endheaders() sends the head: the body goes in the same write
-            self._body = None
-            data = data + body
-        super().send(data)
-
-    def request_body(self, body: bytes) -> None:
-        self._body = body
-
-    def ahead(self) -> int:
-        """Bytes received and not read: buffered by our reader, or decrypted and held by OpenSSL."""
-        reader = self.reader
-        return (reader.ahead() if reader is not None else 0) + (self.tls.pending() if self.tls is not None else 0)
-
-    def drop(self) -> None:
-        self.close()  # http.client's socket (held open while our reader has it)
-        if self.reader is not None:
-            self.reader.raw.close()
-
-
-def _alive(connection: _Connection) -> bool:
+def _alive(connection: Connection) -> bool:
     # An idle connection with anything to read (buffered, or on the socket) has been closed (EOF) or is out of
     # step: either way unusable.
     if connection.ahead():
@@ -327,7 +191,7 @@ class Pool:
         self._tunnel = False
         if proxy is not None:
             self._proxy(proxy, parts.netloc)
-        self._idle: list[_Connection] = []
+        self._idle: list[Connection] = []
         self._lock = threading.Lock()
         self._context: Any = None
         self.opened = 0  # connections opened, for tests
@@ -386,12 +250,12 @@ class Pool:
                 ) from error
         return self._context
 
-    def _new(self, budget: Budget) -> _Connection:
+    def _new(self, budget: Budget) -> Connection:
         context = self._tls() if self._https else None  # a bundle that cannot be loaded fails before connecting
         timeout = budget.cut(self._connect_timeout)
         if timeout <= 0:
             raise self._connect_timeout_error()
-        connection = _Connection(*self._address, timeout=timeout)
+        connection = Connection(*self._address, timeout=timeout)
         try:
             if self._tunnel:
                 # Host given here: http.client adds none before 3.12. Each read of the CONNECT answer waits at
@@ -422,7 +286,7 @@ class Pool:
         self.opened += 1
         return connection
 
-    def _handshake(self, connection: _Connection, context: Any, budget: Budget) -> None:
+    def _handshake(self, connection: Connection, context: Any, budget: Budget) -> None:
         import ssl
 
         # The handshake gets what the attempt has left after connecting, not the connect timeout again.
@@ -446,7 +310,7 @@ class Pool:
 
     # -- the pool of idle connections ----------------------------------------------------------------------
 
-    def _take(self) -> _Connection | None:
+    def _take(self) -> Connection | None:
         """An idle connection still fit to use, or None; idle ones the server closed are dropped here."""
         while True:
             with self._lock:
@@ -455,7 +319,7 @@ class Pool:
                 return connection
             connection.drop()
 
-    def _give(self, connection: _Connection) -> None:
+    def _give(self, connection: Connection) -> None:
         with self._lock:
             if len(self._idle) < _MAX_IDLE:
                 self._idle.append(connection)
@@ -499,7 +363,7 @@ class Pool:
             error.sent = True
             raise
 
-    def _head(self, connection: _Connection, headers: dict[str, str], length: int) -> None:
+    def _head(self, connection: Connection, headers: dict[str, str], length: int) -> None:
         """Start the request in http.client (nothing is written yet)."""
         connection.putrequest("POST", self._target, skip_host=True, skip_accept_encoding=True)
         name = ""
@@ -513,14 +377,14 @@ class Pool:
             raise ValueError(f"the header {name[:64]!r} cannot be sent: not a legal HTTP header") from None
         connection.putheader("Content-Length", str(length))
 
-    def _exchange(self, connection: _Connection, headers: dict[str, str], body: bytes, budget: Budget) -> Answer:
+    def _exchange(self, connection: Connection, headers: dict[str, str], body: bytes, budget: Budget) -> Answer:
         self._head(connection, headers, len(body))
         raw = connection.reader.raw  # type: ignore[union-attr]
         try:
             timeout = budget.cut(self._read_timeout)
             if timeout <= 0:  # the attempt's time went on connecting: nothing was sent
                 raise self._read_timeout_error(sent=False)
-            raw.set_timeout(timeout)  # the write's bound; each read sets its own (_Timed)
+            raw.set_timeout(timeout)  # the write's bound; each read sets its own (Timed)
             raw.end = budget.end
             raw.limit = self._read_timeout
             start = raw.received
