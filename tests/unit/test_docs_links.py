@@ -1,6 +1,7 @@
 """Every relative link in README.md and docs/*.md resolves: the file exists and, for `#anchor`, a heading of that
 file makes that anchor (GitHub's rule). Every page in docs/ is linked from the README.
-User docs quote no commit hashes: evidence says its date and the command that produced it."""
+User docs quote no commit hashes: evidence says its date and the command that produced it. The README stays within
+350 lines."""
 
 from __future__ import annotations
 
@@ -97,3 +98,12 @@ def test_no_commit_hashes(page: Path) -> None:
 def test_the_hash_check_finds_a_hash() -> None:
     assert HASH.findall("the default soak at 74cf4b5, and 835f51c.") == ["74cf4b5", "835f51c"]
     assert not HASH.findall("a key such as 8e03978e-40d5-43e8-bc93-6894a57f9324, 1234567 requests")
+
+
+README_LINES = 350
+
+
+def test_the_readme_is_at_most_350_lines() -> None:
+    # The README is the user's guide (quick start, settings, errors, limits); the rest lives in docs/, linked.
+    lines = (ROOT / "README.md").read_text().count("\n")  # as `wc -l` counts
+    assert lines <= README_LINES, f"README.md is {lines} lines, over {README_LINES}: move a section to docs/"
