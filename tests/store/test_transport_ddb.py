@@ -11,6 +11,7 @@ What differs between them, by contract (docs/design.md, "Transport contract"):
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
 import pytest
@@ -191,12 +192,15 @@ def test_validation_error_is_reported_not_retried(ddb, table_name):
 def test_connection_refused_after_the_configured_attempts(kind, layer_env, monkeypatch):
     port = dead_port()
     monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", f"http://127.0.0.1:{port}")
-    # Count connection attempts where both transports open their sockets: urllib3.
+    # Count connection attempts where both transports open their sockets: urllib3. Only this thread's: the call
+    # runs in it, and another test's server thread left in this worker may connect somewhere meanwhile.
     attempts = []
     real = urllib3.util.connection.create_connection
+    me = threading.get_ident()
 
     def counting(address, *args, **kwargs):
-        attempts.append(address)
+        if threading.get_ident() == me:
+            attempts.append(address)
         return real(address, *args, **kwargs)
 
     monkeypatch.setattr(urllib3.util.connection, "create_connection", counting)
