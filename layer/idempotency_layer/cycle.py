@@ -1,13 +1,15 @@
 """The state machine: claim -> invoke -> complete or release, and replay.
 
-It knows nothing of Lambda or DynamoDB: it is given a key, a way to invoke the handler, a `Store` and the running
-`Invocation` (its time and its counts). `run` serves a whole event or a request; its steps (`claim`, `complete`,
-`release`) serve batch records, whose one handler call covers many keys. `claim` answers one type per outcome
-(`Claimed`, `Found`) or raises why it cannot (in progress, another payload, the store's failure). Errors it raises
-carry the key, so a caller can map them to responses.
+It knows nothing of Lambda or of any store's backend: it is given a key, a way to invoke the handler, a `Store`
+and the running `Invocation` (its time and its counts). `run` serves a whole event or a request; its steps
+(`claim`, `complete`, `release`) serve batch records, whose one handler call covers many keys. `claim` answers one
+type per outcome (`Claimed`, `Found`) or raises why it cannot (in progress, another payload, the store's failure).
+Errors it raises carry the key, so a caller can map them to responses.
 
-What this environment learns once and keeps (`Environment`) is the only state that outlives an invocation: a
-refusal to run any handler after a completion failed for good, and that the role lacks BatchGetItem.
+How a result is kept in its record and handed back is the `keeping.Keeper`'s; a batch's pre-check is
+`precheck.Precheck`'s. What this environment learns once and keeps (`Environment`) is the only state that outlives
+an invocation: a refusal to run any handler after a completion failed for good, and that the store refuses the
+pre-check's read.
 """
 
 from __future__ import annotations
@@ -15,9 +17,8 @@ from __future__ import annotations
 import logging
 import os
 import random
-import threading
 import time
-from collections import OrderedDict, namedtuple
+from collections import namedtuple
 from collections.abc import Callable
 
 from . import codec
@@ -25,15 +26,14 @@ from .deadline import LAST_CHANCE_S, Deadline
 from .errors import (
     IdempotencyAlreadyInProgressError,
     IdempotencyClaimConflictError,
-    IdempotencyKeyError,
     IdempotencyPayloadMismatchError,
     IdempotencyPersistenceLayerError,
-    IdempotencyResultTooLargeError,
-    IdempotencyResultUndeliverableError,
 )
+from .keeping import Keeper
+from .keys import check_fingerprint
 from .log import fields
-from .results import Results, Undeliverable, ValueResults
-from .stores.protocol import COMPLETED, READ_KEYS, Record, Store
+from .results import Results, ValueResults
+from .stores.protocol import COMPLETED, Record, Store
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
@@ -67,15 +67,8 @@ CLAIM_DEADLINE_MARGIN_MS = RETURN_MARGIN_MS + 200
 # this long before the deadline: a completion not made lets the next copy run the handler again, and one that
 # makes the function time out is no worse (the write usually takes milliseconds, and may still land).
 LATE_COMPLETE_MARGIN_MS = 50
-# A batch's pre-check (one BatchGetItem) retries the keys the table left unprocessed from 50 ms, doubling to
-# 1 s, with jitter, at most MAX_READ_ATTEMPTS reads in all, and takes at most PRECHECK_SHARE of what the
-# invocation has left: it only saves requests, and the claims after it must still fit.
-FIRST_READ_RETRY_S, LAST_READ_RETRY_S, MAX_READ_ATTEMPTS, PRECHECK_SHARE = 0.05, 1.0, 5, 0.5
 
 logger = logging.getLogger("idempotency_layer")
-
-
-_SPILL_FAILED = codec.Encoded(codec.TOO_LARGE, None)  # (by identity: a result the bucket could not take)
 
 
 def _requests_by(deadline: Deadline | None) -> Deadline | None:
@@ -146,8 +139,8 @@ class Earlier(_EarlierFields):
 class Environment:
     """What this execution environment learned and keeps for its life, the cycle's only lasting state: `refusal`,
     set when a completion failed for a reason no retry can change (from then on no handler runs here, since no run
-    could be recorded and every duplicate would run again); `precheck_denied`, set when the role lacks
-    dynamodb:BatchGetItem (batches are then claimed without the one read, as IDEMPOTENCY_BATCH_PRECHECK=never)."""
+    could be recorded and every duplicate would run again); `precheck_denied`, set when the store refuses the
+    pre-check's read, for want of a grant (batches are then claimed without it, as IDEMPOTENCY_BATCH_PRECHECK=never)."""
 
     __slots__ = ("precheck_denied", "refusal")
 
@@ -156,88 +149,31 @@ class Environment:
         self.precheck_denied = False
 
 
-class LocalCache:
-    """Completed records of this execution environment, least recently used first out: each one's result and the
-    owner token of the claim that completed it, so a replay from memory can confirm, with one small read, that the
-    record is still that one (an operator may have purged it, another environment run it again)."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._entries: OrderedDict[str, tuple[int, codec.Encoded, str | None]] = OrderedDict()
-        self._lock = threading.Lock()  # batch records complete from several threads
-
-    def get(self, key: str, now: float) -> tuple[codec.Encoded, str | None] | None:
-        """The result of `key` and the owner token of its record's claim, or None."""
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                return None
-            expires_at, result, owner = entry
-            if expires_at < int(now):  # never outlive the record
-                del self._entries[key]
-                return None
-            self._entries.move_to_end(key)
-            return result, owner
-
-    def holds(self, key: str, now: float) -> bool:
-        return self.get(key, now) is not None
-
-    def put(self, key: str, expires_at: int, result: codec.Encoded, owner: str | None) -> None:
-        with self._lock:
-            self._entries[key] = (expires_at, result, owner)
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.size:
-                self._entries.popitem(last=False)
-
-    def drop(self, key: str) -> None:
-        with self._lock:
-            self._entries.pop(key, None)
-
-
-def _check_fingerprint(key: str, stored: str | None, given: str | None) -> None:
-    # A record claimed before IDEMPOTENCY_PAYLOAD_JMESPATH was set, or under another expression (the part after
-    # the dot names it), has nothing this copy's fingerprint can be compared with.
-    if stored is None or given is None or stored.partition(".")[2] != given.partition(".")[2]:
-        return
-    if stored != given:
-        # An HTTP request's default fingerprint (method, path, body) ends in ".http"; anything else is the expression's.
-        what = ("its method, path, query or body differ" if given.endswith(".http")
-                else "its path differs, or IDEMPOTENCY_PAYLOAD_JMESPATH selects something else from it"
-                if given.endswith("+path") else "IDEMPOTENCY_PAYLOAD_JMESPATH selects something else from this event")
-        raise IdempotencyPayloadMismatchError(
-            f"key {key!r} was used before with another payload ({what}); the handler did not run"
-        )
-
-
 def _when(epoch_ms: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch_ms / 1000))
 
 
+def _still_running(inv: Invocation, key: str, started: float) -> IdempotencyAlreadyInProgressError:
+    inv.count("WaitsTimedOut")
+    return IdempotencyAlreadyInProgressError(
+        f"another invocation is still running key {key!r} after waiting {time.monotonic() - started:.1f} s "
+        "for it (IDEMPOTENCY_WAIT_SECONDS)"
+    )
+
+
 
 class Cycle:
-    """The protocol for one environment's handler: its store, how results are kept, its time settings, its local
-    cache and its `Environment`. Every method that serves an invocation is given it (`inv`)."""
+    """The protocol for one environment's handler: its store, its `keeper` (how results are kept, its local cache),
+    its time settings and its `Environment`. Every method that serves an invocation is given it (`inv`)."""
 
-    def __init__(
-        self,
-        store: Store,
-        ttl_seconds: int,
-        cache_size: int = 0,
-        clock: Callable[[], float] = time.time,
-        results: Results | None = None,
-        min_claim_ms: int = 0,
-        wait_seconds: float = 0.0,
-        sleep: Callable[[float], None] = time.sleep,
-        precheck: str = "auto",
-        bucket: Any = None,
-    ) -> None:
-        """`bucket`: an `s3.Bucket` for results too large for a record (IDEMPOTENCY_LARGE_RESULTS_BUCKET), or None."""
+    def __init__(self, store: Store, ttl_seconds: int, cache_size: int = 0, clock: Callable[[], float] = time.time,
+                 results: Results | None = None, min_claim_ms: int = 0, wait_seconds: float = 0.0,
+                 sleep: Callable[[float], None] = time.sleep, precheck: str = "auto", bucket: Any = None) -> None:
+        """`results`, `cache_size` and `bucket` (IDEMPOTENCY_LARGE_RESULTS_BUCKET, or None) are the `keeper`'s."""
         self.store = store
-        self.bucket = bucket
+        self.keeper = Keeper(results or ValueResults(), bucket, cache_size, clock)
         self.precheck_mode = precheck  # IDEMPOTENCY_BATCH_PRECHECK: auto, always or never (config decided it)
-        self.results: Results = results or ValueResults()
         self.ttl_seconds = ttl_seconds
-        self.cache = LocalCache(cache_size) if cache_size > 0 else None
         self.clock = clock
         self.min_claim_ms = min_claim_ms  # IDEMPOTENCY_IN_PROGRESS_SECONDS: a claim lasts at least this long
         self.wait_seconds = wait_seconds
@@ -256,12 +192,12 @@ class Cycle:
         ours, reads what another tool's record says of the event (a migration): its result is replayed and kept as
         ours, its live claim or another payload refused, and the handler runs only when it says nothing.
         """
-        results = results or self.results
+        results = results or self.keeper.results
         taken = self.take(inv, key, fingerprint)
         if isinstance(taken, codec.Encoded):
-            return Outcome(self.decode(key, taken, results, _requests_by(inv.deadline)), True)
+            return Outcome(self.keeper.decode(key, taken, results, _requests_by(inv.deadline)), True)
         if isinstance(taken, Found):
-            return self.replay(taken.record, results, _requests_by(inv.deadline))
+            return Outcome(self.keeper.replay(taken.record, results, _requests_by(inv.deadline)), True)
         claimed = taken
         if earlier is not None:
             replayed = self._earlier(inv, key, claimed.owner, earlier, results)
@@ -314,7 +250,8 @@ class Cycle:
         it does for a record `owner` completed (a durable execution invoked again runs).
 
         Raises `IdempotencyPayloadMismatchError` when the record was claimed with another fingerprint."""
-        entry = None if self.cache is None else self.cache.get(key, self.clock())
+        cache = self.keeper.cache
+        entry = None if cache is None else cache.get(key, self.clock())
         if entry is None:
             return None
         result, completed_by = entry
@@ -328,80 +265,22 @@ class Cycle:
             return None
         if (record is None or record.status != COMPLETED or record.owner != completed_by
                 or record.is_expired(self.clock())):
-            self.cache.drop(key)  # type: ignore[union-attr]
+            cache.drop(key)  # type: ignore[union-attr]
             return None
-        _check_fingerprint(key, record.fingerprint, fingerprint)
+        check_fingerprint(key, record.fingerprint, fingerprint)
         return result
-
-    def holds_any(self, keys: list[str]) -> bool:
-        """Whether this environment's local cache holds a completed record of any of `keys`."""
-        if self.cache is None:
-            return False
-        now = self.clock()
-        return any(self.cache.holds(key, now) for key in keys)
 
     def precheck(self, inv: Invocation, wanted: dict[str, str | None], redelivered: bool
                  ) -> dict[str, Record | IdempotencyPayloadMismatchError]:
-        """The completed records among `wanted` (key -> the fingerprint its copy carries), read with one
-        consistent BatchGetItem per `READ_KEYS` keys, so a redelivered batch's done records cost no claim.
-        Read when IDEMPOTENCY_BATCH_PRECHECK is `always`, or `auto` and the batch shows `redelivered`.
-
-        A key is answered only when a claim would have found the same: a completed, unexpired record (its
-        fingerprint checked as a replay checks it, a mismatch answered as the error). Anything else (absent, in
-        progress, expired, unreadable, left unprocessed) is left out, for the claim to judge. Never raises: a
-        failed read leaves its keys to the claims, with a warning."""
-        found: dict[str, Record | IdempotencyPayloadMismatchError] = {}
-        keys = list(wanted)
+        """The completed records among `wanted` (key -> the fingerprint its copy carries), read in one request per
+        `READ_KEYS` keys (`precheck.Precheck.found`, which never raises), so a redelivered batch's done records cost
+        no claim. Read when IDEMPOTENCY_BATCH_PRECHECK is `always`, or `auto` and the batch shows `redelivered`."""
         mode = "never" if self.environment.precheck_denied else self.precheck_mode
-        if mode == "never" or (mode == "auto" and not redelivered) or len(keys) < 2:
-            return found  # (one key: its claim answers a done record in one request too)
-        until = Deadline.after(max(0, inv.remaining_ms) * PRECHECK_SHARE / 1000)
-        for start in range(0, len(keys), READ_KEYS):
-            try:
-                records = self._read(inv, keys[start:start + READ_KEYS], until)
-            except IdempotencyPersistenceLayerError as error:
-                if error.denied:
-                    self.environment.precheck_denied = True
-                    logger.warning("the function's role lacks dynamodb:BatchGetItem on the table: batches are no "
-                                   "longer pre-checked in this environment, each record is claimed (grant it to "
-                                   "answer a redelivered batch in one request)", extra=fields(None))
-                else:
-                    logger.warning("pre-checking %d keys of the batch failed; claiming them instead: %s",
-                                   len(keys) - start, error, extra=fields(None, "store_error"))
-                return found
-            except Exception as error:  # not the store's word (a bug): the claims still decide
-                logger.warning("pre-checking %d keys of the batch failed (%s); claiming them instead",
-                               len(keys) - start, type(error).__name__, extra=fields(None, "store_error"))
-                return found
-            now = self.clock()
-            for key, record in records.items():
-                if record.status != COMPLETED or record.is_expired(now):
-                    continue
-                try:
-                    _check_fingerprint(key, record.fingerprint, wanted[key])
-                except IdempotencyPayloadMismatchError as error:
-                    found[key] = error
-                else:
-                    found[key] = record
-        return found
+        if mode == "never" or (mode == "auto" and not redelivered) or len(wanted) < 2:
+            return {}  # (one key: its claim answers a done record in one request too)
+        from .precheck import Precheck
 
-    def _read(self, inv: Invocation, keys: list[str], until: Deadline) -> dict[str, Record]:
-        """`store.read` of `keys`, the keys it leaves unprocessed read again with backoff while `until` allows."""
-        records: dict[str, Record] = {}
-        delay = FIRST_READ_RETRY_S
-        for attempt in range(1, MAX_READ_ATTEMPTS + 1):
-            read, keys = inv.request(self.store.read, keys, until)
-            records.update(read)
-            if not keys:
-                return records
-            pause = delay * (0.5 + random.random() / 2)
-            if attempt == MAX_READ_ATTEMPTS or not until.allows(pause):
-                logger.warning("the table left %d keys of the batch's pre-check unprocessed; claiming them instead",
-                               len(keys), extra=fields(None))
-                return records
-            self.sleep(pause)
-            delay = min(delay * 2, LAST_READ_RETRY_S)
-        return records
+        return Precheck(self.store, self.environment, self.clock, self.sleep).found(inv, wanted)
 
     def claim(self, inv: Invocation, key: str, fingerprint: str | None = None,
               remaining_ms: int | None = None, owner: str | None = None) -> Claimed | Found:
@@ -494,8 +373,8 @@ class Cycle:
             logger.error("claim on key %r was no longer ours at completion (it expired and was taken over, or the "
                          "record was deleted); returning our result", key, extra=fields(key))
             inv.count("CompletionFailures")
-        elif self.cache is not None:
-            self.cache.put(key, expires_at, result, owner)
+        elif self.keeper.cache is not None:
+            self.keeper.cache.put(key, expires_at, result, owner)
         return bool(completed)
 
     def _completion_failed(self, inv: Invocation, key: str, error: IdempotencyPersistenceLayerError,
@@ -554,7 +433,7 @@ class Cycle:
             now = self.clock()
             if not record.is_expired(now):
                 if record.status == COMPLETED or not record.is_claim_expired(now):
-                    _check_fingerprint(key, record.fingerprint, fingerprint)  # before any replay or wait
+                    check_fingerprint(key, record.fingerprint, fingerprint)  # before any replay or wait
                 if record.status == COMPLETED:
                     return record
                 if not record.is_claim_expired(now):
@@ -567,74 +446,6 @@ class Cycle:
             f"claiming key {key!r} failed {MAX_CLAIM_ATTEMPTS} times on a record this clock sees as expired; "
             "the client clock and the table disagree"
         )
-
-    def _spill(self, inv: Invocation, key: str, owner: str, result: codec.Oversized) -> codec.Encoded:
-        """`result` written to the large-results bucket, as the pointer to complete with; or TOO_LARGE when it could
-        not be written by the time a completion may start (the upload counts against the completion's time)."""
-        from .stores.s3 import S3Error, stored
-
-        try:
-            pointer = inv.request(self.bucket.put, key, owner, result.packed, _requests_by(inv.deadline))
-        except S3Error as error:
-            logger.warning("result of key %r could not be written to the large-results bucket (%s); completed "
-                           "without it, replays will raise", key, error, extra=fields(key, "first_run"))
-            inv.count("LargeResultFailures")
-            inv.count("ResultsTooLarge")
-            return _SPILL_FAILED
-        inv.count("LargeResults")
-        return stored(pointer, result.inner)
-
-    def _fetch(self, key: str, result: codec.Encoded, deadline: Deadline | None) -> codec.Encoded:
-        """The result a pointer stands for, read from the bucket it names and checked (`s3.fetch`, as the CLI's
-        show reads it); the layer's error when it cannot be."""
-        from .stores.s3 import S3Error, fetch
-
-        try:
-            return fetch(self.bucket, result, deadline)
-        except S3Error as error:
-            if error.code == "Malformed":
-                raise IdempotencyPersistenceLayerError(f"the record of key {key!r} points to a stored result in a "
-                                                       "form this layer cannot read") from None
-            if error.code == "NoBucket":
-                raise IdempotencyPersistenceLayerError(
-                    f"key {key!r} already ran and its result is in the large-results bucket, but "
-                    "IDEMPOTENCY_LARGE_RESULTS_BUCKET is not set here; the handler did not run", permanent=True
-                ) from None
-            raise IdempotencyPersistenceLayerError(
-                f"the stored result of key {key!r} could not be read from the large-results bucket: {error}; the "
-                "handler did not run", permanent=error.code in ("Missing", "Different"),
-                uncertain=error.uncertain) from None
-
-    def decode(self, key: str, result: codec.Encoded, results: Results | None = None,
-               deadline: Deadline | None = None) -> Any:
-        """A stored result, as the handler returned it; raises the layer's error for one it cannot hand back.
-        `deadline`: by when a result in the large-results bucket must have been read."""
-        if result.format.startswith(codec.STORED):
-            result = self._fetch(key, result, deadline)
-        if result.format == codec.DONE:
-            raise IdempotencyKeyError(
-                f"key {key!r} was completed as a batch record, which keeps no result, so this event cannot be "
-                "replayed; batch records and whole events must not select the same key"
-            )
-        if result.format == codec.UNDELIVERABLE:
-            raise IdempotencyResultUndeliverableError(
-                f"key {key!r} already ran, but the runtime could not send the result its handler returned (of type "
-                f"{result.data!s:.120}: Runtime.MarshalError), so there is nothing to replay; it does not run again "
-                "while its record lives (purge the key to run it again)"
-            )
-        if result.format == codec.TOO_LARGE:
-            raise IdempotencyResultTooLargeError(
-                f"key {key!r} already ran, but its result was too large to store "
-                f"(over {codec.ITEM_LIMIT - codec.RECORD_OVERHEAD} bytes compressed; or the large-results bucket "
-                "could not take it in time) or could not be encoded, so it cannot be replayed"
-            )
-        try:
-            return (results or self.results).decode(result)
-        except Exception as error:
-            raise IdempotencyPersistenceLayerError(
-                f"the stored result of key {key!r} (format {result.format!r}) cannot be decoded: "
-                f"{type(error).__name__}"
-            ) from None
 
     def _wait(self, inv: Invocation, key: str, fingerprint: str | None, owner: str | None = None
               ) -> Claimed | Found:
@@ -651,7 +462,7 @@ class Cycle:
         while True:
             left = wait_end.left() - poll_s
             if left <= 0:
-                raise self._still_running(inv, key, started)
+                raise _still_running(inv, key, started)
             self.sleep(min(delay * (0.5 + random.random() / 2), left))  # the last poll ends as the wait ends
             delay = min(delay * 2, LAST_POLL_S)
             polled = time.monotonic()
@@ -659,12 +470,12 @@ class Cycle:
                 record = inv.request(self.store.get, key, wait_end)  # a consistent read
             except IdempotencyPersistenceLayerError:
                 if wait_end.passed():  # cut by the wait's end: the claim was live when last seen
-                    raise self._still_running(inv, key, started) from None
+                    raise _still_running(inv, key, started) from None
                 raise
             poll_s = time.monotonic() - polled
             now = self.clock()
             if record is not None and not record.is_expired(now):
-                _check_fingerprint(key, record.fingerprint, fingerprint)
+                check_fingerprint(key, record.fingerprint, fingerprint)
                 if record.status == COMPLETED:
                     inv.count("WaitsReplayed")
                     return Found(record)
@@ -678,24 +489,6 @@ class Cycle:
                 continue  # another copy claimed it first: wait for that one
             inv.count("WaitsReplayed" if isinstance(claimed, Found) else "WaitsClaimed")
             return claimed
-
-    def _still_running(self, inv: Invocation, key: str, started: float) -> IdempotencyAlreadyInProgressError:
-        inv.count("WaitsTimedOut")
-        return IdempotencyAlreadyInProgressError(
-            f"another invocation is still running key {key!r} after waiting {time.monotonic() - started:.1f} s "
-            "for it (IDEMPOTENCY_WAIT_SECONDS)"
-        )
-
-    def replay(self, record: Record, results: Results | None = None, deadline: Deadline | None = None) -> Outcome:
-        """The completed `record`'s result, decoded (and kept in the local cache); raises the layer's error for a
-        result it cannot hand back (too large, undeliverable, a batch record's)."""
-        result = record.result
-        if result is None:
-            raise IdempotencyPersistenceLayerError(f"record {record.key!r} is completed but has no result format")
-        value = self.decode(record.key, result, results, deadline)
-        if self.cache is not None:
-            self.cache.put(record.key, record.expires_at, result, record.owner)
-        return Outcome(value, True)
 
     def _earlier(self, inv: Invocation, key: str, owner: str, earlier: Callable[[Deadline], Earlier | None],
                  results: Results) -> Outcome | None:
@@ -717,10 +510,7 @@ class Cycle:
                 raise IdempotencyPayloadMismatchError(f"key {key!r}: {found.said} was written for another payload")
             inv.count("InProgressConflicts")
             raise IdempotencyAlreadyInProgressError(f"key {key!r}: {found.said} is in progress")
-        try:
-            delivered, result = results.encode(found.value)
-        except Undeliverable as refused:
-            delivered, result = found.value, codec.Encoded(codec.UNDELIVERABLE, refused.kind)
+        delivered, result = self.keeper.adopt(found.value, results)
         self.complete(inv, key, owner, result)
         inv.count("Replays")
         logger.info("key %r: replayed %s, now kept as this layer's record", key, found.said,
@@ -755,33 +545,6 @@ class Cycle:
             self.release(inv, key, owner)  # e.g. an HTTP 5xx: the work did not complete, so a retry must run again
             return value
         # From here on the handler has run: every failure of ours ends in a completion, never a bare claim.
-        delivered, result = self.encode(inv, key, value, results, owner)
+        delivered, result = self.keeper.encode(inv, key, value, results, owner, _requests_by(inv.deadline))
         self.complete(inv, key, owner, result)
         return delivered
-
-    def encode(self, inv: Invocation, key: str, value: Any, results: Results,
-               owner: str | None = None) -> tuple[Any, codec.Encoded]:
-        """What to hand back for the result `value` of a handler that ran, and what to complete `key` with: never
-        raises, since the key must be completed whatever becomes of its result (one the runtime cannot send, or
-        that cannot be stored, is completed without it, and copies are told why)."""
-        try:
-            delivered, result = results.encode(value)
-        except Undeliverable as refused:
-            # The runtime reports its own error (Runtime.MarshalError) for this invocation; the work is done, so
-            # the key is completed and copies are told why there is nothing to replay, never run again.
-            logger.warning("result of key %r (of type %s) cannot be sent by the runtime; completed without it, "
-                           "replays will raise", key, refused.kind, extra=fields(key, "first_run"))
-            delivered, result = value, codec.Encoded(codec.UNDELIVERABLE, refused.kind)
-        except BaseException as error:  # our own failure (a bug, MemoryError, RecursionError): do not rerun
-            logger.error("result of key %r cannot be stored (%s); replays will raise", key, type(error).__name__,
-                         extra=fields(key, "first_run"))
-            delivered, result = value, codec.Encoded(codec.TOO_LARGE, None)
-        if isinstance(result, codec.Oversized) and self.bucket is not None and owner is not None:
-            result = self._spill(inv, key, owner, result)
-        if result is _SPILL_FAILED:  # said and counted where it failed
-            return delivered, codec.Encoded(codec.TOO_LARGE, None)
-        if result.format == codec.TOO_LARGE:
-            logger.warning("result of key %r is too large to store; replays will raise", key,
-                           extra=fields(key, "first_run"))
-            inv.count("ResultsTooLarge")
-        return delivered, result

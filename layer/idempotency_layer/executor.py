@@ -172,9 +172,9 @@ class Executor:
         try:
             taken = self.cycle.take(inv, key, unit.fingerprint, owner=plan.execution)
             if isinstance(taken, codec.Encoded):
-                return durable.succeeded(_result_text(key, self.cycle.decode(key, taken, results)))
+                return durable.succeeded(_result_text(key, self.cycle.keeper.decode(key, taken, results)))
             if isinstance(taken, Found):
-                return durable.succeeded(_result_text(key, self.cycle.replay(taken.record, results).value))
+                return durable.succeeded(_result_text(key, self.cycle.keeper.replay(taken.record, results)))
         except IdempotencyPersistenceLayerError:
             raise  # the store could not be used: the service invokes the execution again, nothing ran
         except IdempotencyError as error:
@@ -202,7 +202,7 @@ class Executor:
                     f"releasing key {key!r} after its durable execution failed did not succeed; this invocation "
                     "fails so that the service invokes the execution again and the release is made then")
         elif state == durable.SUCCEEDED and (text is None or isinstance(text, str)):
-            result = self.cycle.encode(inv, key, text, results)[1]
+            result = self.cycle.keeper.encode(inv, key, text, results)[1]
             inv.count("ExecutionsCompleted")
             if not self.cycle.complete(inv, key, owner, result):
                 raise IdempotencyPersistenceLayerError(
@@ -318,7 +318,7 @@ class Executor:
         # A redelivered batch's done records, read in one request: only the rest is claimed. A key this environment
         # completed (its local cache) is a sign of redelivery too; it is read like the others, so a purged record
         # runs again.
-        redelivered = shows_redelivery(plan.batch.records) or self.cycle.holds_any(to_claim)
+        redelivered = shows_redelivery(plan.batch.records) or self.cycle.keeper.holds_any(to_claim)
         found = self.cycle.precheck(inv, {key: first[key].fingerprint for key in to_claim}, redelivered)
         to_claim = [key for key in to_claim if key not in found]
         claims = self.pool.map(lambda key: self.cycle.claim(inv, key, first[key].fingerprint), to_claim,

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import orjson
 
 from .codec import has_non_finite
-from .errors import IdempotencyConfigurationError, IdempotencyKeyError
+from .errors import IdempotencyConfigurationError, IdempotencyKeyError, IdempotencyPayloadMismatchError
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
@@ -232,6 +232,23 @@ class KeyDeriver:
                 f"the value selected by IDEMPOTENCY_KEY_JMESPATH={self.expression or '@'!r} cannot be hashed: "
                 f"{_describe(error)}"
             ) from None
+
+
+def check_fingerprint(key: str, stored: str | None, given: str | None) -> None:
+    """Raise `IdempotencyPayloadMismatchError` when the fingerprint `key`'s record was claimed with (`stored`) is
+    not the one this copy carries (`given`), both made by the same expression."""
+    # A record claimed before IDEMPOTENCY_PAYLOAD_JMESPATH was set, or under another expression (the part after
+    # the dot names it), has nothing this copy's fingerprint can be compared with.
+    if stored is None or given is None or stored.partition(".")[2] != given.partition(".")[2]:
+        return
+    if stored != given:
+        # An HTTP request's default fingerprint (method, path, body) ends in ".http"; anything else is the expression's.
+        what = ("its method, path, query or body differ" if given.endswith(".http")
+                else "its path differs, or IDEMPOTENCY_PAYLOAD_JMESPATH selects something else from it"
+                if given.endswith("+path") else "IDEMPOTENCY_PAYLOAD_JMESPATH selects something else from this event")
+        raise IdempotencyPayloadMismatchError(
+            f"key {key!r} was used before with another payload ({what}); the handler did not run"
+        )
 
 
 def powertools_key(prefix: str, value: Any) -> str | None:

@@ -13,7 +13,7 @@ from decimal import Decimal
 import pytest
 
 from idempotency_layer import codec
-from idempotency_layer.cycle import CLAIM_MARGIN_MS, Cycle, Undeliverable, ValueResults
+from idempotency_layer.cycle import CLAIM_MARGIN_MS, Cycle
 from idempotency_layer.errors import (
     IdempotencyAlreadyInProgressError,
     IdempotencyClaimConflictError,
@@ -21,6 +21,7 @@ from idempotency_layer.errors import (
     IdempotencyResultUndeliverableError,
 )
 from idempotency_layer.invocation import Invocation
+from idempotency_layer.results import Undeliverable, ValueResults
 from idempotency_layer.stores.protocol import COMPLETED
 
 KEY = "fn#k1"

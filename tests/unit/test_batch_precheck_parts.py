@@ -83,3 +83,28 @@ class Unreachable:
 def test_no_read_when_none_is_due(mode, redelivered, keys):
     cycle = Cycle(Unreachable(), ttl_seconds=60, precheck=mode)  # type: ignore[arg-type]
     assert cycle.precheck(Invocation(60_000), {f"k{i}": None for i in range(keys)}, redelivered) == {}
+
+
+def test_the_precheck_module_is_imported_only_when_a_batch_is_pre_checked():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    script = (
+        "import sys\n"
+        "from idempotency_layer.cycle import Cycle\n"
+        "from idempotency_layer.invocation import Invocation\n"
+        "class Store:\n"
+        "    def read(self, keys, deadline=None):\n"
+        "        return {}, []\n"
+        "cycle = Cycle(Store(), ttl_seconds=60)\n"
+        "cycle.precheck(Invocation(60_000), {'k1': None, 'k2': None}, redelivered=False)\n"
+        "print('idempotency_layer.precheck' in sys.modules)\n"
+        "cycle.precheck(Invocation(60_000), {'k1': None, 'k2': None}, redelivered=True)\n"
+        "print('idempotency_layer.precheck' in sys.modules)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                         env={"PYTHONPATH": f"{root / 'layer'}:{root}", "PATH": "/usr/bin:/bin"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["False", "True"]

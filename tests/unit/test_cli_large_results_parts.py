@@ -143,15 +143,15 @@ def test_fetch_reads_the_pointers_bucket_and_checks_size_and_digest(s3: Objects)
 def test_a_replay_reads_through_fetch_and_says_each_failure_as_before(s3: Objects) -> None:
     cycle = Cycle(store=None, ttl_seconds=60, bucket=_bucket("results-new"))
     kept = s3.put("results-old", "idempotency-results/fn#k/o-1", b'{"a":1}')
-    assert cycle.decode("fn#k", stored(kept, codec.JSON)) == {"a": 1}
+    assert cycle.keeper.decode("fn#k", stored(kept, codec.JSON)) == {"a": 1}
     with pytest.raises(IdempotencyPersistenceLayerError, match="in a form this layer cannot read"):
-        cycle.decode("fn#k", codec.Encoded("s3:json", "not a pointer"))
+        cycle.keeper.decode("fn#k", codec.Encoded("s3:json", "not a pointer"))
     with pytest.raises(IdempotencyPersistenceLayerError, match="is not set here") as raised:
-        Cycle(store=None, ttl_seconds=60).decode("fn#k", stored(kept, codec.JSON))
+        Cycle(store=None, ttl_seconds=60).keeper.decode("fn#k", stored(kept, codec.JSON))
     assert raised.value.permanent
     del s3.objects[("results-old", kept.object_key)]
     with pytest.raises(IdempotencyPersistenceLayerError, match="is missing") as raised:
-        cycle.decode("fn#k", stored(kept, codec.JSON))
+        cycle.keeper.decode("fn#k", stored(kept, codec.JSON))
     assert raised.value.permanent
 
 

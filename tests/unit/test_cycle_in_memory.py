@@ -211,7 +211,7 @@ def test_a_permanent_completion_failure_makes_the_environment_refuse_every_handl
     assert world.runs == ["done"]
 
 
-def test_the_precheck_reads_done_records_once_and_gives_up_for_good_on_a_denial(world):
+def test_the_precheck_reads_done_records_once_and_gives_up_for_good_on_a_denial(world, caplog):
     cycle = world.cycle()
     for key in ("fn#a", "fn#b"):
         claimed = cycle.claim(Invocation(LONG), key)
@@ -227,9 +227,18 @@ def test_the_precheck_reads_done_records_once_and_gives_up_for_good_on_a_denial(
 
             raise DynamoDBError(operation, "AccessDeniedException", "no", status=400)
 
-    denied = Cycle(DynamoDBStore(Denied(world.db), "t", Attributes()), ttl_seconds=60, precheck="always")
+    store = DynamoDBStore(Denied(world.db), "t", Attributes())
+    denied = Cycle(store, ttl_seconds=60, precheck="always")
     assert denied.precheck(Invocation(LONG), {"fn#a": None, "fn#b": None}, redelivered=True) == {}
     assert denied.environment.precheck_denied
+    # The grant is the store's to name (`read_grant`): the cycle names no backend.
+    store.read_grant = "dynamodb:BatchGetItem on table 't'"  # type: ignore[attr-defined]
+    caplog.clear()
+    again = Cycle(store, ttl_seconds=60, precheck="always")
+    assert again.precheck(Invocation(LONG), {"fn#a": None, "fn#b": None}, redelivered=True) == {}
+    assert [r.getMessage() for r in caplog.records if "pre-checked" in r.getMessage()] == [
+        "the function lacks dynamodb:BatchGetItem on table 't': batches are no longer pre-checked in this "
+        "environment, each record is claimed (grant it to answer a redelivered batch in one request)"]
 
 
 
@@ -239,6 +248,6 @@ def test_a_result_too_large_is_cached_and_stored_without_what_it_carried() -> No
     world = World()
     cycle = Cycle(world.store, ttl_seconds=3600, cache_size=4)
     cycle.run(Invocation(60_000), "fn#big", lambda: os.urandom(600 * 1024))
-    (entry,) = cycle.cache._entries.values()
+    (entry,) = cycle.keeper.cache._entries.values()
     assert not isinstance(entry[1], codec.Oversized) and entry[1] == codec.Encoded(codec.TOO_LARGE, None)
     assert world.store.get("fn#big").result == codec.Encoded(codec.TOO_LARGE, None)

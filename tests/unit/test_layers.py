@@ -26,6 +26,7 @@ ROWS = {
     "sources.kafka": 45, "sources.mq": 45,
     "sources.records": 42, "sources.redelivery": 42, "sources.durable": 42, "powertools": 42,
     "cycle": 40,
+    "keeping": 38, "precheck": 38,
     "invocation": 35,
     "stores": 34,
     "stores.valkey": 33,

@@ -13,7 +13,7 @@ import contextlib
 
 import pytest
 
-from idempotency_layer import cycle, executor
+from idempotency_layer import cycle, executor, keeping, precheck
 from idempotency_layer.cycle import CLAIM_MARGIN_MS, Claimed, Found
 from idempotency_layer.errors import IdempotencyAlreadyInProgressError, IdempotencyPersistenceLayerError
 from idempotency_layer.sources import batch, durable
@@ -114,7 +114,7 @@ def test_the_search_finds_a_claim_without_the_margin(monkeypatch: pytest.MonkeyP
 
 
 def test_the_search_finds_a_replay_of_something_else(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cycle.Cycle, "decode", lambda self, key, result, results=None, deadline=None: "stale")
+    monkeypatch.setattr(keeping.Keeper, "decode", lambda self, key, result, results=None, deadline=None: "stale")
     with pytest.raises(Violation, match="replayed 'stale'"):
         explore(Bounds(invocations=2, faults=0, crashes=0, advances=0))
 
@@ -137,7 +137,8 @@ def test_the_search_finds_a_claim_that_outlives_its_deadline(monkeypatch: pytest
 def test_the_search_finds_a_cache_that_outlives_a_purge(monkeypatch: pytest.MonkeyPatch) -> None:
     # The local cache as it was before purges reached it: a replay from memory without reading the record.
     def cached(self, inv, key, fingerprint=None, owner=None):
-        entry = None if self.cache is None else self.cache.get(key, self.clock())
+        cache = self.keeper.cache
+        entry = None if cache is None else cache.get(key, self.clock())
         return None if entry is None else entry[0]
 
     monkeypatch.setattr(cycle.Cycle, "cached", cached)
@@ -152,7 +153,7 @@ def test_the_search_finds_a_claim_that_may_have_landed_and_is_never_withdrawn(mo
 
 
 def test_the_search_finds_a_pre_check_that_takes_a_live_claim_for_done(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cycle, "COMPLETED", "INPROGRESS")
+    monkeypatch.setattr(precheck, "COMPLETED", "INPROGRESS")
     with pytest.raises(Violation, match="it is lost"):
         explore(Bounds(invocations=2, faults=0, crashes=1, advances=1, kind="sqs"))
 
@@ -171,7 +172,7 @@ def test_the_search_finds_a_fifo_group_that_goes_on_past_a_busy_record(monkeypat
 
 
 def test_random_walks_find_what_the_search_finds(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cycle, "COMPLETED", "INPROGRESS")
+    monkeypatch.setattr(precheck, "COMPLETED", "INPROGRESS")
     with pytest.raises(Violation, match="it is lost"):
         walk(Bounds(invocations=2, faults=1, crashes=1, advances=1, kind="sqs"), 1500)
 

@@ -6,6 +6,8 @@ import sys
 import time
 
 from .. import codec
+from ..errors import IdempotencyPersistenceLayerError
+from ..stores import readable
 from ..stores.protocol import COMPLETED
 from .output import clean, said, when
 
@@ -61,7 +63,7 @@ def _meaning(found: str, result: codec.Encoded | None) -> str:
 
 def facts(record: Record, now: float, with_result: bool, bucket: Any = None) -> dict[str, Any]:
     """What `show` says of `record`; with `with_result`, its result decoded, read (a result in the large-results
-    bucket) through `bucket`, the setting's `s3.Bucket` or None, as a replay reads it."""
+    bucket) through `bucket`, the setting's bucket or None, as a replay reads it."""
     result = record.result
     data = None if result is None else result.data
     size = None if data is None else len(data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass"))
@@ -81,31 +83,28 @@ def facts(record: Record, now: float, with_result: bool, bucket: Any = None) -> 
         "fingerprint": record.fingerprint,
     }
     if result is not None and result.format.startswith(codec.STORED):
-        shown["result_object"] = _stored_at(result)
+        shown["result_object"] = _stored_at(result, bucket)
     if with_result:
         shown["result"] = _decoded(result, bucket)
     return shown
 
 
-def _stored_at(result: codec.Encoded) -> dict[str, Any] | None:
+def _stored_at(result: codec.Encoded, bucket: Any) -> dict[str, Any] | None:
     """Where a result in the large-results bucket is, as its pointer says (None: a pointer the layer cannot read)."""
-    from ..stores.s3 import S3Error, pointer
-
-    try:
-        found = pointer(result)[0]
-    except S3Error:
+    found: Any = readable(bucket).located(result)
+    if found is None:
         return None
     return {"bucket": found.bucket, "key": found.object_key, "size": found.size, "sha256": found.sha256}
 
 
 def _fetched(result: codec.Encoded, bucket: Any) -> codec.Encoded | dict[str, Any]:
-    """The result a pointer stands for, read and checked as a replay reads it (`s3.fetch`), or why it cannot be."""
-    from ..stores.s3 import S3Error, fetch
-
-    try:
-        return fetch(bucket, result)
-    except S3Error as error:
-        return {"none": f"not shown: {clean(error)}", "error": error.code or "NoAnswer"}
+    """The result a pointer stands for, read and checked as a replay reads it (the bucket's `look`), or why it
+    cannot be."""
+    fetched = readable(bucket).look(result)
+    if isinstance(fetched, codec.Encoded):
+        return fetched
+    problem, code = fetched
+    return {"none": f"not shown: {clean(problem)}", "error": code}
 
 
 def _decoded(result: codec.Encoded | None, bucket: Any = None) -> Any:
@@ -169,8 +168,6 @@ def show_text(shown: dict[str, Any]) -> list[str]:
 
 def get(store: Store, key: str) -> Record | None:
     """The record of `key`, or None; an item that is not a layer record is refused in the CLI's words."""
-    from ..errors import IdempotencyPersistenceLayerError
-
     try:
         return store.get(key)
     except IdempotencyPersistenceLayerError as error:
@@ -238,16 +235,13 @@ def _url(bucket: str | None, object_key: str) -> str:
 
 def _result_object(record: Record, key: str, bucket: Any, force: bool) -> tuple[Any, dict[str, Any] | None]:
     """The pointer of the object to delete with the record (None: none), or, under `force`, what is left and why.
-    Only the object the layer writes for this record (`s3.Bucket.owns`) is deleted: a malformed pointer, or one
+    Only the object the layer writes for this record (the bucket's `owns`) is deleted: a malformed pointer, or one
     naming any other key, refuses the purge before anything is deleted."""
     result = record.result
     if result is None or not result.format.startswith(codec.STORED):
         return None, None
-    from ..stores.s3 import S3Error, pointer
-
-    try:
-        found = pointer(result)[0]
-    except S3Error:
+    found: Any = readable(bucket).located(result)
+    if found is None:
         return _left(key, force, None, "its result's pointer is not one this layer writes")
     where = clean(_url(found.bucket, found.object_key))
     if bucket is None:
@@ -271,13 +265,10 @@ def _left(key: str, force: bool, found: Any, problem: str) -> tuple[None, dict[s
 
 def _delete(bucket: Any, found: Any) -> dict[str, Any]:
     """Delete the object `found` names, in the bucket it names; what was deleted, or why it was not."""
-    from ..stores.s3 import S3Error
-
-    where = bucket.where(found)
-    done = {"bucket": where.name, "key": found.object_key}
+    done = {"bucket": bucket.where(found).name, "key": found.object_key}
     try:
-        where.delete(found.object_key)
-    except S3Error as error:
+        bucket.discard(found)
+    except IdempotencyPersistenceLayerError as error:
         maybe = " (it may have been deleted: the answer was lost)" if error.uncertain else ""
         return {**done, "deleted": False, "reason": f"{error}{maybe}"}
     return {**done, "deleted": True}

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, TypeVar
 
     from ..config import Config
     from .protocol import Store
-    from .s3 import Bucket
+    from .s3 import Bucket, Unset
+
+    B = TypeVar("B")  # whatever stands for the bucket: stores.s3.Bucket, or a test's
 
 
 def open_transport(config: Config) -> Any:
@@ -50,3 +52,14 @@ def open_bucket(config: Config) -> Bucket | None:
 
     return from_environment(config.large_results_bucket, config.large_results_prefix,
                             connect_timeout=config.connect_timeout, read_timeout=config.read_timeout)
+
+
+def readable(bucket: B | None) -> B | Unset:
+    """`bucket`, or where IDEMPOTENCY_LARGE_RESULTS_BUCKET is not set, the stand-in that reads a record's pointer
+    and says the setting is missing: what a replay, or the CLI's show and purge, asks about a stored result. The
+    bucket's module is imported only for a record that points to a bucket this environment was not given."""
+    if bucket is not None:
+        return bucket
+    from .s3 import UNSET
+
+    return UNSET

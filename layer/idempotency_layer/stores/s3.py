@@ -8,7 +8,12 @@ key and the owner token, written before the completion; the completion stores wh
 
 A record holds a result in the bucket as `stored(pointer, format)`: the format `codec.STORED + format`, the pointer
 as JSON text. Only this module writes and reads that text (`Pointer.text`, `pointer`), and `fetch` is the one way
-back from it to the result, for replays (`Cycle.decode`) and the CLI's `show --result` alike.
+back from it to the result, for replays (`keeping.Keeper.decode`) and the CLI's `show --result` alike.
+
+The layer above asks a bucket, never this module, and never sees S3's types or errors: `keep` (the pointer to
+complete with), `fetch` (a replay's result, S3's failure said as the layer's store error), `located`, `look` and
+`discard` (the CLI's show and purge). Where IDEMPOTENCY_LARGE_RESULTS_BUCKET is not set, `UNSET` answers the same
+questions: it reads a record's pointer and says the setting is missing.
 
 Requests are signed by the layer's own SigV4 (`aws.sigv4.Signer`, service `s3`, as botocore's S3SigV4Auth
 signs them: tests/unit/test_s3.py) and sent with `http.client`, one connection per request: a large result is
@@ -26,6 +31,8 @@ import re
 import threading
 from collections import namedtuple
 from urllib.parse import quote, urlsplit
+
+from ..errors import IdempotencyPersistenceLayerError
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
@@ -113,6 +120,57 @@ def fetch(bucket: Bucket | None, result: codec.Encoded, deadline: Deadline | Non
     return codec.Encoded(form, bucket.get(found, deadline))
 
 
+def _replay_error(key: str, error: S3Error) -> IdempotencyPersistenceLayerError:
+    """A replay's failure to read `key`'s result from the bucket, as the layer says it."""
+    if error.code == "Malformed":
+        return IdempotencyPersistenceLayerError(f"the record of key {key!r} points to a stored result in a form this "
+                                                "layer cannot read")
+    if error.code == "NoBucket":
+        return IdempotencyPersistenceLayerError(
+            f"key {key!r} already ran and its result is in the large-results bucket, but "
+            "IDEMPOTENCY_LARGE_RESULTS_BUCKET is not set here; the handler did not run", permanent=True)
+    return IdempotencyPersistenceLayerError(
+        f"the stored result of key {key!r} could not be read from the large-results bucket: {error}; the handler "
+        "did not run", permanent=error.code in ("Missing", "Different"), uncertain=error.uncertain)
+
+
+def _located(result: codec.Encoded) -> Pointer | None:
+    try:
+        return pointer(result)[0]
+    except S3Error:
+        return None
+
+
+def _look(bucket: Bucket | None, result: codec.Encoded) -> codec.Encoded | tuple[str, str]:
+    try:
+        return fetch(bucket, result)
+    except S3Error as error:
+        return str(error), error.code or "NoAnswer"
+
+
+class Unset:
+    """The large-results bucket where IDEMPOTENCY_LARGE_RESULTS_BUCKET is not set (`UNSET`): it reads a record's
+    pointer, and says the setting is missing when asked for what it points to."""
+
+    __slots__ = ()
+
+    def fetch(self, key: str, result: codec.Encoded, deadline: Deadline | None = None) -> codec.Encoded:
+        """As `Bucket.fetch`: the layer's store error (no bucket here, or a pointer this layer does not write)."""
+        try:
+            return fetch(None, result, deadline)
+        except S3Error as error:
+            raise _replay_error(key, error) from None
+
+    def located(self, result: codec.Encoded) -> Pointer | None:
+        return _located(result)
+
+    def look(self, result: codec.Encoded) -> codec.Encoded | tuple[str, str]:
+        return _look(None, result)
+
+
+UNSET = Unset()
+
+
 class S3Error(Exception):
     """A request failed. `code`: S3's error code, `Missing`/`Different` for an object that is not the one written,
     or None for no answer. `uncertain`: it may have been applied."""
@@ -197,6 +255,42 @@ class Bucket:
 
     def delete(self, object_key: str, deadline: Deadline | None = None) -> None:
         self._request("DELETE", object_key, b"", deadline)
+
+    # -- what the layer above asks (keeping.Keeper, the CLI's show and purge), S3's failures in its words ------------
+
+    def keep(self, key: str, owner: str, result: codec.Oversized, deadline: Deadline | None = None) -> codec.Encoded:
+        """`result` written for the record of `key` that `owner` claimed: the pointer to complete the record with.
+        The layer's store error, in S3's words, when it was not written."""
+        try:
+            found = self.put(key, owner, result.packed, deadline)
+        except S3Error as error:
+            raise IdempotencyPersistenceLayerError(str(error), uncertain=error.uncertain) from None
+        return stored(found, result.inner)
+
+    def fetch(self, key: str, result: codec.Encoded, deadline: Deadline | None = None) -> codec.Encoded:
+        """The result the record of `key` points to, read where the pointer says and checked (`fetch`); the layer's
+        store error, as a replay says it, when it cannot be."""
+        try:
+            return fetch(self, result, deadline)
+        except S3Error as error:
+            raise _replay_error(key, error) from None
+
+    def located(self, result: codec.Encoded) -> Pointer | None:
+        """The pointer a record's stored result holds, or None for one this layer does not write."""
+        return _located(result)
+
+    def look(self, result: codec.Encoded) -> codec.Encoded | tuple[str, str]:
+        """The result a pointer stands for, read and checked as a replay reads it; or why not: what S3 (or the
+        check) said, and its code (`Malformed`, `Missing`, `Different`, S3's own, or `NoAnswer`)."""
+        return _look(self, result)
+
+    def discard(self, pointer: Pointer, deadline: Deadline | None = None) -> None:
+        """Delete the object `pointer` names, in the bucket it names (`where`); the layer's store error, in S3's
+        words, when it was not (`uncertain`: it may have been)."""
+        try:
+            self.where(pointer).delete(pointer.object_key, deadline)
+        except S3Error as error:
+            raise IdempotencyPersistenceLayerError(str(error), uncertain=error.uncertain) from None
 
     # -- plumbing -------------------------------------------------------------------------------------------
 
