@@ -73,7 +73,6 @@ from typing import Any
 from idempotency_layer import cycle as _cycle_module
 from idempotency_layer import deadline as _deadline_module
 from idempotency_layer import errors
-from idempotency_layer import invocation as _invocation_module
 from idempotency_layer.config import load
 from idempotency_layer.cycle import CLAIM_DEADLINE_MARGIN_MS, CLAIM_MARGIN_MS, Cycle
 from idempotency_layer.executor import Executor, Pool
@@ -284,7 +283,7 @@ class History:
 
 
 class _Time:
-    """The time module as the layer's deadline, cycle and invocation modules see it: monotonic time is the world's."""
+    """The time module as the layer's deadline and cycle modules see it: monotonic time is the world's."""
 
     def __init__(self, world: World) -> None:
         self._world = world
@@ -1142,19 +1141,19 @@ class _Chooser:
 @contextlib.contextmanager
 def _virtual_time(world: World) -> Iterator[None]:
     """The layer's modules that read the monotonic clock read the world's while `world` runs."""
-    modules = (_deadline_module, _cycle_module, _invocation_module)
+    modules = (_deadline_module, _cycle_module)
     saved = [module.time for module in modules]
-    saved_random = _cycle_module.random
+    saved_random = _deadline_module.random
     fake = _Time(world)
     for module in modules:
         module.time = fake  # type: ignore[assignment]
-    _cycle_module.random = _random.Random(0)  # type: ignore[assignment]  # backoffs jittered alike on every replay
+    _deadline_module.random = _random.Random(0)  # type: ignore[assignment]  # backoffs (Backoff) jittered alike
     try:
         yield
     finally:
         for module, original in zip(modules, saved, strict=True):
             module.time = original  # type: ignore[assignment]
-        _cycle_module.random = saved_random
+        _deadline_module.random = saved_random
 
 
 def _run(bounds: Bounds, choose: Callable[[int], int]) -> World:

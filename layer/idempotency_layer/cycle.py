@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import time
 from collections import namedtuple
 from collections.abc import Callable
 
 from . import codec
-from .deadline import LAST_CHANCE_S, Deadline
+from .deadline import LAST_CHANCE_S, Backoff, Deadline
 from .errors import (
     IdempotencyAlreadyInProgressError,
     IdempotencyClaimConflictError,
@@ -49,7 +48,7 @@ MAX_CLAIM_ATTEMPTS = 3
 CLAIM_MARGIN_MS = 1000
 # Waiting for another invocation's outcome: polls from 50 ms, doubling to 1 s, with jitter; and stop waiting
 # while this much of the invocation is left, to claim, run or answer in.
-FIRST_POLL_S, LAST_POLL_S, WAIT_MARGIN_MS = 0.05, 1.0, 1000
+POLLS, WAIT_MARGIN_MS = Backoff(0.05, 1.0), 1000
 # Every request after the handler ran (its timeouts and retries included) ends this long before the
 # invocation's deadline: an invocation timed out while completing is retried by its caller, and that copy
 # runs the handler again if the write had not landed. Returning the result takes the runtime milliseconds.
@@ -57,7 +56,7 @@ RETURN_MARGIN_MS = 300
 # A completion the table refused for a passing reason is retried from 100 ms, doubling to 2 s, with jitter,
 # while a retry would start this long before the deadline (its attempt is cut at RETURN_MARGIN_MS): every
 # completion that lands is a handler that no later copy runs again.
-FIRST_COMPLETE_RETRY_S, LAST_COMPLETE_RETRY_S, COMPLETE_MARGIN_MS = 0.1, 2.0, RETURN_MARGIN_MS + 50
+COMPLETE_RETRIES, COMPLETE_MARGIN_MS = Backoff(0.1, 2.0), RETURN_MARGIN_MS + 50
 # Every claim (its retries and timeouts included, a batch's queued claims too) ends this long before the
 # invocation's deadline: a table that does not answer fails the invocation closed with the store's error, which its
 # caller sees and retries, instead of a timeout; and the withdraw or the batch's releases after it, which end by
@@ -258,7 +257,8 @@ class Cycle:
         if owner is not None and completed_by == owner:
             return None  # (a read would not change that: the claim reads the record)
         try:
-            record = inv.request(self.store.peek, key, _claim_by(inv.deadline))
+            with inv.timed:
+                record = self.store.peek(key, _claim_by(inv.deadline))
         except IdempotencyPersistenceLayerError as error:
             logger.info("checking the cached record of key %r failed; claiming it instead: %s", key, error,
                         extra=fields(key))
@@ -311,7 +311,9 @@ class Cycle:
         # deadline though the handler never ran. Deleting it under our own owner token is safe either way: it
         # deletes nothing of anyone else's. A claim still in flight may land after this, and then blocks.
         try:
-            if inv.request(self.store.release, key, owner, _requests_by(inv.deadline)):
+            with inv.timed:
+                withdrew = self.store.release(key, owner, _requests_by(inv.deadline))
+            if withdrew:
                 logger.warning("claiming key %r failed with an answer that leaves open whether it landed; withdrew "
                                "any claim of ours there", key, extra=fields(key, "store_error"))
         except Exception:
@@ -341,14 +343,14 @@ class Cycle:
             # until `last + LAST_CHANCE_S`), so the time a completion gets never shrinks as the handler ends later.
             last = deadline.earlier(LATE_COMPLETE_MARGIN_MS / 1000 + LAST_CHANCE_S)
         retry_by = deadline.earlier(COMPLETE_MARGIN_MS / 1000)
-        delay = FIRST_COMPLETE_RETRY_S
         attempt = 1
         while True:
             try:
-                completed = inv.request(self.store.complete, key, owner, result, expires_at, last)
+                with inv.timed:
+                    completed = self.store.complete(key, owner, result, expires_at, last)
                 break
             except IdempotencyPersistenceLayerError as error:
-                pause = delay * (0.5 + random.random() / 2)
+                pause = COMPLETE_RETRIES.delay(attempt)
                 if error.permanent or not retry_by.allows(pause):
                     self._completion_failed(inv, key, error, attempt)
                     return False
@@ -356,14 +358,14 @@ class Cycle:
                                error, extra=fields(key))
                 inv.count("CompletionRetries")
                 self.sleep(pause)
-                delay = min(delay * 2, LAST_COMPLETE_RETRY_S)
                 attempt += 1
             except BaseException as error:  # not the store's word (a bug, MemoryError): complete without the result
                 logger.error("completing key %r failed (%s); completing it without its result", key,
                              type(error).__name__, extra=fields(key))
                 bare = result if result.data is None else codec.Encoded(codec.TOO_LARGE, None)
                 try:
-                    return bool(inv.request(self.store.complete, key, owner, bare, expires_at, last))
+                    with inv.timed:
+                        return bool(self.store.complete(key, owner, bare, expires_at, last))
                 except BaseException:
                     logger.error("completing key %r without its result failed too; it stays claimed until its "
                                  "deadline", key, extra=fields(key))
@@ -395,7 +397,9 @@ class Cycle:
         `RETURN_MARGIN_MS` before the invocation's deadline, so the handler's own error reaches the caller first."""
         released = "Releases"  # what the tally counts: a claim that stays is not a release
         try:
-            if not inv.request(self.store.release, key, owner, _requests_by(inv.deadline)):
+            with inv.timed:
+                released_it = self.store.release(key, owner, _requests_by(inv.deadline))
+            if not released_it:
                 logger.warning("claim on key %r was taken over before release; left it alone", key,
                                extra=fields(key, "released"))
         except IdempotencyPersistenceLayerError as error:
@@ -423,8 +427,8 @@ class Cycle:
             in_progress_until = int(now * 1000) + max(0, remaining_ms, self.min_claim_ms) + CLAIM_MARGIN_MS
             # A claim must not expire (and be taken) while its invocation may still be running.
             expires_at = max(int(now) + self.ttl_seconds, -(-in_progress_until // 1000))
-            record = inv.request(self.store.claim, key, owner, now, in_progress_until, expires_at, fingerprint,
-                                 claim_by)
+            with inv.timed:
+                record = self.store.claim(key, owner, now, in_progress_until, expires_at, fingerprint, claim_by)
             if record is None:
                 return False
             if record.owner == owner and record.status != COMPLETED:
@@ -457,17 +461,18 @@ class Cycle:
         # every poll carries that point as its deadline, and none starts that it seems it could not finish by
         # then (judged by how long the last one took), so a slow table answers in-progress, not a timeout.
         wait_end = Deadline(started + min(self.wait_seconds, (inv.remaining_ms - WAIT_MARGIN_MS) / 1000))
-        delay = FIRST_POLL_S
         poll_s = 0.0  # how long the last poll took
+        poll = 0
         while True:
+            poll += 1
             left = wait_end.left() - poll_s
             if left <= 0:
                 raise _still_running(inv, key, started)
-            self.sleep(min(delay * (0.5 + random.random() / 2), left))  # the last poll ends as the wait ends
-            delay = min(delay * 2, LAST_POLL_S)
+            self.sleep(min(POLLS.delay(poll), left))  # the last poll ends as the wait ends
             polled = time.monotonic()
             try:
-                record = inv.request(self.store.get, key, wait_end)  # a consistent read
+                with inv.timed:
+                    record = self.store.get(key, wait_end)  # a consistent read
             except IdempotencyPersistenceLayerError:
                 if wait_end.passed():  # cut by the wait's end: the claim was live when last seen
                     raise _still_running(inv, key, started) from None
@@ -495,7 +500,8 @@ class Cycle:
         """What another tool's record says of the key we hold: None (run the handler), or its result, replayed
         and kept as ours. Anything else releases our claim: its live claim, another payload, a failed read."""
         try:
-            found = inv.request(earlier, _claim_by(inv.deadline))
+            with inv.timed:
+                found = earlier(_claim_by(inv.deadline))
             if found is not None and not found.completed and not found.mismatch and self.wait_seconds > 0:
                 found = self._wait_earlier(inv, earlier, found)
         except BaseException:
@@ -523,11 +529,12 @@ class Cycle:
         the live claim as last read."""
         inv.count("Waits")
         wait_end = Deadline(time.monotonic() + min(self.wait_seconds, (inv.remaining_ms - WAIT_MARGIN_MS) / 1000))
-        delay = FIRST_POLL_S
+        poll = 0
         while wait_end.left() > 0:
-            self.sleep(min(delay * (0.5 + random.random() / 2), wait_end.left()))
-            delay = min(delay * 2, LAST_POLL_S)
-            now: Earlier | None = inv.request(earlier, wait_end)
+            poll += 1
+            self.sleep(min(POLLS.delay(poll), wait_end.left()))
+            with inv.timed:
+                now: Earlier | None = earlier(wait_end)
             if now is None or now.completed or now.mismatch:
                 inv.count("WaitsReplayed" if now is not None and now.completed else "WaitsClaimed")
                 return now

@@ -5,10 +5,14 @@ the invocation's remaining time and moves it earlier by its margins; the client 
 starting now may take (`attempt_time`) and whether a backoff still fits (`allows`). Near its end an attempt still
 gets `LAST_CHANCE_S`, ending at most that long after the deadline: a write that usually takes milliseconds is
 worth making, and the time an attempt gets shrinks smoothly to nothing instead of to a useless sliver.
+
+A `Backoff` is how long to pause between attempts (the cycle's polls and retries), as one value that owns its
+base, its cap and its jitter, as urllib3's `Retry` owns its backoff.
 """
 
 from __future__ import annotations
 
+import random
 import time
 from collections import namedtuple
 from collections.abc import Callable
@@ -17,7 +21,7 @@ TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type check
 if TYPE_CHECKING:
     from typing import Any, NamedTuple
 
-__all__ = ["LAST_CHANCE_S", "Deadline", "within"]
+__all__ = ["LAST_CHANCE_S", "Backoff", "Deadline", "within"]
 
 LAST_CHANCE_S = 0.1
 
@@ -57,6 +61,30 @@ class Deadline(_DeadlineFields):
         left = self.at - time.monotonic()
         allowed = min(max(left, LAST_CHANCE_S), left + LAST_CHANCE_S)
         return allowed if allowed > 0 else None
+
+
+if TYPE_CHECKING:
+    class _BackoffFields(NamedTuple):
+        first: float  # the pause after the first attempt, before jitter
+        cap: float  # no pause is longer, before jitter
+        jitter: float = 0.5  # the share of each pause drawn at random
+else:
+    _BackoffFields = namedtuple("Backoff", ("first", "cap", "jitter"), defaults=(0.5,))
+
+
+class Backoff(_BackoffFields):
+    """Pauses doubling from `first` to `cap`, each with its `jitter` share drawn at random, so that copies that
+    failed together do not try again together. Immutable: one value serves every invocation and thread."""
+
+    __slots__ = ()
+
+    def delay(self, attempt: int) -> float:
+        """The pause after attempt `attempt` (1, 2, ...): `min(first * 2 ** (attempt - 1), cap)`, of which
+        `1 - jitter` is kept and the rest drawn (one `random.random()`)."""
+        # The exponent is bounded so that a long wait's thousandth poll does not overflow a float; 2.0 ** k is
+        # exact, so the pause is the one doubling `first` attempt - 1 times gives.
+        base = min(self.first * 2.0 ** min(attempt - 1, 1000), self.cap)
+        return base * (1 - self.jitter + self.jitter * random.random())
 
 
 def within(seconds: float, call: Callable[[], Any], name: str) -> Any:

@@ -175,7 +175,8 @@ class Keeper:
         """`result` written to the bucket, as the pointer to complete with; or None when it could not be written
         by `deadline`, when a completion may still start (the upload counts against the completion's time)."""
         try:
-            kept = inv.request(bucket.keep, key, owner, result, deadline)
+            with inv.timed:
+                kept = bucket.keep(key, owner, result, deadline)
         except IdempotencyPersistenceLayerError as error:
             logger.warning("result of key %r could not be written to the large-results bucket (%s); completed "
                            "without it, replays will raise", key, error, extra=fields(key, "first_run"))

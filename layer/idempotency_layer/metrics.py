@@ -4,8 +4,8 @@ document on stdout (IDEMPOTENCY_METRICS=emf) and one INFO line (when the layer l
 Imported by `interceptor.build` only when one of the two is asked for: otherwise nothing here runs, and an
 invocation's `Invocation.tally` is None (counting then costs one test of it). The executor and the cycle count into
 the invocation's `Tally` (batch records from several threads at once), and time every request of the store in it
-(`Invocation.request`). No event or result content ever reaches a document or a line: keys are hashed, the rest
-are counts, names of outcomes and of exception types.
+(`with inv.timed:`, the tally itself). No event or result content ever reaches a document or a line: keys are
+hashed, the rest are counts, names of outcomes and of exception types.
 """
 
 from __future__ import annotations
@@ -92,9 +92,12 @@ _WORDS = {
 
 
 class Tally:
-    """One invocation's counts; safe to add to from several threads (a batch's claims, completions, releases)."""
+    """One invocation's counts; safe to add to from several threads (a batch's claims, completions, releases).
 
-    __slots__ = ("_lock", "counts", "key", "kind", "records", "store_requests", "store_s")
+    Also the context manager every store request of the invocation is made in (`Invocation.timed`): the request
+    is counted with its time, and as a store error when it raised."""
+
+    __slots__ = ("_lock", "_started", "counts", "key", "kind", "records", "store_requests", "store_s")
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
@@ -104,6 +107,7 @@ class Tally:
         self.store_s = 0.0  # time spent in the store's requests, summed (a batch's concurrent ones too)
         self.store_requests = 0
         self._lock = threading.Lock()
+        self._started: list[float] = []  # the start of each request in flight
 
     def add(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -120,6 +124,21 @@ class Tally:
             self.store_s += seconds
             self.store_requests += 1
             if failed:
+                self.counts["StoreErrors"] = self.counts.get("StoreErrors", 0) + 1
+
+    # One tally times every request of its invocation, a batch's concurrent ones too, so the starts are a stack:
+    # concurrent requests may pop each other's, which leaves the sum of their times, all that is reported, as it
+    # is. No object is made per request, list.append and list.pop need no lock, and `stored` is written out again
+    # rather than called: this runs on every request.
+    def __enter__(self) -> None:
+        self._started.append(time.perf_counter())
+
+    def __exit__(self, kind: object, error: object, trace: object) -> None:
+        seconds = time.perf_counter() - self._started.pop()
+        with self._lock:
+            self.store_s += seconds
+            self.store_requests += 1
+            if kind is not None:
                 self.counts["StoreErrors"] = self.counts.get("StoreErrors", 0) + 1
 
 

@@ -7,9 +7,8 @@ redelivery).
 from __future__ import annotations
 
 import logging
-import random
 
-from .deadline import Deadline
+from .deadline import Backoff, Deadline
 from .errors import IdempotencyPayloadMismatchError, IdempotencyPersistenceLayerError
 from .keys import check_fingerprint
 from .log import fields
@@ -26,7 +25,7 @@ if TYPE_CHECKING:
 # The keys a read leaves unprocessed are read again after 50 ms, doubling to 1 s, with jitter, at most
 # MAX_READ_ATTEMPTS reads in all; the pre-check takes at most PRECHECK_SHARE of what the invocation has left: it
 # only saves requests, and the claims after it must still fit.
-FIRST_READ_RETRY_S, LAST_READ_RETRY_S, MAX_READ_ATTEMPTS, PRECHECK_SHARE = 0.05, 1.0, 5, 0.5
+READ_RETRIES, MAX_READ_ATTEMPTS, PRECHECK_SHARE = Backoff(0.05, 1.0), 5, 0.5
 
 logger = logging.getLogger("idempotency_layer")
 
@@ -87,17 +86,16 @@ class Precheck:
     def _read(self, inv: Invocation, keys: list[str], until: Deadline) -> dict[str, Record]:
         """`store.read` of `keys`, the keys it leaves unprocessed read again with backoff while `until` allows."""
         records: dict[str, Record] = {}
-        delay = FIRST_READ_RETRY_S
         for attempt in range(1, MAX_READ_ATTEMPTS + 1):
-            read, keys = inv.request(self.store.read, keys, until)
+            with inv.timed:
+                read, keys = self.store.read(keys, until)
             records.update(read)
             if not keys:
                 return records
-            pause = delay * (0.5 + random.random() / 2)
+            pause = READ_RETRIES.delay(attempt)
             if attempt == MAX_READ_ATTEMPTS or not until.allows(pause):
                 logger.warning("the table left %d keys of the batch's pre-check unprocessed; claiming them instead",
                                len(keys), extra=fields(None))
                 return records
             self.sleep(pause)
-            delay = min(delay * 2, LAST_READ_RETRY_S)
         return records
