@@ -59,7 +59,7 @@ class Precheck:
             except IdempotencyPersistenceLayerError as error:
                 if error.denied:
                     self.environment.precheck_denied = True
-                    grant = getattr(self.store, "read_grant", "the store's batch read")
+                    grant = self.store.read_grant
                     logger.warning("the function lacks %s: batches are no longer pre-checked in this environment, "
                                    "each record is claimed (grant it to answer a redelivered batch in one request)",
                                    grant, extra=fields(None))

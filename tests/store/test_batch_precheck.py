@@ -283,8 +283,9 @@ def test_a_role_without_batchgetitem_keeps_working_and_warns_once(layer_env, tab
         assert sorted(consumer.runs) == sorted(f"denied-{i}" for i in range(4))
         warned = [r.getMessage() for r in caplog.records if "no longer pre-checked" in r.getMessage()]
         # The store names the grant it lacks (`read_grant`); the cycle's words name no backend.
-        grant = getattr(store, "read_grant", "the store's batch read")
-        assert warned == [f"the function lacks {grant}: batches are no longer pre-checked in this environment, "
+        assert store.read_grant == f"dynamodb:BatchGetItem on table {store.table!r}"
+        assert warned == [f"the function lacks {store.read_grant}: batches are no longer pre-checked in this "
+                          "environment, "
                           "each record is claimed (grant it to answer a redelivered batch in one request)"]
 
 

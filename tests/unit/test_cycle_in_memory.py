@@ -232,7 +232,7 @@ def test_the_precheck_reads_done_records_once_and_gives_up_for_good_on_a_denial(
     assert denied.precheck(Invocation(LONG), {"fn#a": None, "fn#b": None}, redelivered=True) == {}
     assert denied.environment.precheck_denied
     # The grant is the store's to name (`read_grant`): the cycle names no backend.
-    store.read_grant = "dynamodb:BatchGetItem on table 't'"  # type: ignore[attr-defined]
+    assert store.read_grant == "dynamodb:BatchGetItem on table 't'"
     caplog.clear()
     again = Cycle(store, ttl_seconds=60, precheck="always")
     assert again.precheck(Invocation(LONG), {"fn#a": None, "fn#b": None}, redelivered=True) == {}

@@ -5,6 +5,7 @@ docs/design.md draws the same rows."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,87 @@ def test_design_md_draws_these_rows():
     expected = [sorted(rows[row]) for row in sorted(rows, reverse=True)]
     assert [sorted(line) for line in drawn] == expected
 
+
+# The storage floor's rules (docs/design.md, "The storage floor"), the design review's Appendix A made tests.
+BACKENDS = {"dynamodb": "stores.dynamodb", "valkey": "stores.valkey", "s3": "stores.s3"}
+OPENER = "stores"
+KIT = "aws"
+# Outside stores/, only the opener and a backend's own operator checks import it; powertools.py reads
+# Powertools' records, which live in DynamoDB.
+CHECKS = {"dynamodb": ("cli.checks.dynamodb", "powertools"), "valkey": ("cli.checks.valkey",),
+          "s3": ("cli.checks.bucket",)}
+# The layers above the stores, which speak the protocol only: in code and in what they say.
+ABOVE = ("cycle", "executor", "sources", "plan", "invocation", "results", "codec", "keeping", "precheck")
+BACKEND_WORDS = re.compile(r"DynamoDB(?!\s+Streams)|BatchGetItem|dynamodb:|Valkey|valkey|\bS3\b")
+
+
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def backend_of(module: str) -> str | None:
+    return next((name for name, prefix in BACKENDS.items() if _under(module, prefix)), None)
+
+
+def floor_violations(modules: dict[str, Path]) -> list[str]:
+    found = []
+    for module, path in modules.items():
+        mine = backend_of(module)
+        for target in imports(module, path):
+            theirs = backend_of(target)
+            if theirs is None or theirs == mine:
+                continue
+            if mine is not None:
+                found.append(f"rule 1: the backend {module} imports another backend, {target}")
+            elif module != OPENER and not any(_under(module, c) for c in CHECKS[theirs]):
+                found.append(f"rule 2: {module} imports the backend {target}; only the opener may")
+        if _under(module, KIT) and any(_under(t, "stores") for t in imports(module, path)):
+            found.append(f"rule 3: the AWS kit's {module} imports the stores")
+        if any(_under(module, above) for above in ABOVE):
+            said = _said(path)
+            if said:
+                found.append(f"rule 4: {module} names a backend: {said[:3]}")
+    return found
+
+
+def _said(path: Path) -> list[str]:
+    """Backend words in a module's code and strings, docstrings and comments aside."""
+    tree = ast.parse(path.read_text())
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body and isinstance(node.body[0], ast.Expr)}
+    texts = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+             and id(n) not in docs] + [n.id for n in ast.walk(tree) if isinstance(n, ast.Name)]
+    return [m.group(0) for text in texts for m in BACKEND_WORDS.finditer(text)]
+
+
+def test_the_storage_floor_keeps_its_rules():
+    assert floor_violations(_modules()) == []
+
+
+def test_the_floor_check_finds_each_kind_of_break(tmp_path):
+    # It cannot pass vacuously: a planted import of each kind, and a backend's name in a message, are found.
+    planted = {
+        "stores.valkey.store": "from ..dynamodb.store import DynamoDBStore\n",
+        "cli.records": "from ..stores.s3 import pointer\n",
+        "aws.sigv4": "from ..stores.protocol import Record\n",
+        "cycle": "def f():\n    raise ValueError('the role lacks dynamodb:BatchGetItem')\n",
+    }
+    modules = {}
+    for module, text in planted.items():
+        path = tmp_path / (module.replace(".", "/") + ".py")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        modules[module] = path
+    found = floor_violations(modules)
+    assert [line.split(":")[0] for line in found] == ["rule 1", "rule 2", "rule 3", "rule 4"], found
+
+
+CONSTRUCTORS = re.compile(r"\b(DynamoDBStore|ValkeyStore|make_store|make_transport|from_environment)\(")
+
+
+def test_backends_are_built_only_by_the_opener_and_their_checks():
+    built = [f"{module}: {m.group(0)}" for module, path in _modules().items()
+             if not _under(module, "stores") and not _under(module, "cli.checks")
+             for m in CONSTRUCTORS.finditer(path.read_text())]
+    assert built == []
