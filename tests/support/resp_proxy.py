@@ -24,7 +24,9 @@ from collections import Counter
 CUT, DROP, STALL, DELAY, REPLACE = "cut", "drop", "stall", "delay", "replace"
 
 
-class _Reader:
+class RespReader:
+    """Reads whole RESP values off a socket, raw (the proxies forward them byte for byte)."""
+
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.buffer = b""
@@ -52,15 +54,24 @@ class _Reader:
 
     def value(self) -> bytes:
         """One RESP value, raw."""
+        return self.parts()[0]
+
+    def parts(self) -> tuple[bytes, list[bytes]]:
+        """One RESP value, raw, and its bulk strings at the top level (a command's name and arguments)."""
         line = self.line()
         raw = line + b"\r\n"
+        parts: list[bytes] = []
         kind = line[:1]
         if kind == b"$" and int(line[1:]) >= 0:
-            raw += self.exact(int(line[1:]) + 2)
+            data = self.exact(int(line[1:]) + 2)
+            raw += data
+            parts.append(data[:-2])
         elif kind == b"*" and int(line[1:]) > 0:
             for _ in range(int(line[1:])):
-                raw += self.value()
-        return raw
+                item, inner = self.parts()
+                raw += item
+                parts.extend(inner[:1] if item[:1] == b"$" else [])
+        return raw, parts
 
 
 def _name(raw: bytes) -> str:
@@ -121,7 +132,7 @@ class RespProxy:
             return
         with self._lock:
             self._open.append(upstream)
-        reader, answers = _Reader(client), _Reader(upstream)
+        reader, answers = RespReader(client), RespReader(upstream)
         answered = True
         try:
             while True:
