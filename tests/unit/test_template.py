@@ -202,7 +202,7 @@ def test_the_valkey_example_is_cfn_lint_clean_and_points_the_function_at_its_clu
     assert (grant["Action"], grant["Resource"]) == ("secretsmanager:GetSecretValue", {"Ref": secret})
     _, user = resource_of_type(valkey, "AWS::MemoryDB::User")
     assert user["AuthenticationMode"]["Passwords"] == [
-        {"Fn::Sub": "{{resolve:secretsmanager:${%s}:SecretString:password}}" % secret}]
+        {"Fn::Sub": "{{resolve:secretsmanager:${" + secret + "}:SecretString:password}}"}]
     parts = user["AccessString"].split()
     assert [p for p in parts if p.startswith("~")] == [f"~{env['IDEMPOTENCY_KEY_PREFIX']}#*"]  # its keys only
     # Exactly the ACL tests/store/test_valkey_store.py runs the layer as.
