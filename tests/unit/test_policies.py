@@ -282,8 +282,16 @@ def readable_policy_problems(template: dict[str, Any]) -> list[str]:
     return problems
 
 
+def tag_problems(template: dict[str, Any]) -> list[str]:
+    """A function tagged for the ABAC policy (docs/security.md) is tagged with its own prefix."""
+    return [f"{name}: tag idempotency-prefix={fn['Tags']['idempotency-prefix']!r} is not its IDEMPOTENCY_KEY_PREFIX"
+            for name, fn in functions(template).items() if "idempotency-prefix" in fn.get("Tags", {})
+            and fn["Tags"]["idempotency-prefix"] != environment(fn).get("IDEMPOTENCY_KEY_PREFIX")]
+
+
 CHECKS: list[Callable[[dict[str, Any]], list[str]]] = [
-    readable_policy_problems, dynamodb_problems, table_problems, s3_problems, valkey_problems, http_problems]
+    readable_policy_problems, tag_problems, dynamodb_problems, table_problems, s3_problems, valkey_problems,
+    http_problems]
 
 
 # -- the JSON policies of the docs ---------------------------------------------------------------------------
@@ -458,6 +466,8 @@ MAIN_BREAKS: dict[str, tuple[Callable[[dict[str, Any]], None], Callable[[dict[st
         "AmazonDynamoDBFullAccess"), readable_policy_problems, "cannot read"),
     "a role of its own": (lambda t: t["Resources"]["OrderFunction"]["Properties"].update(
         {"Role": "arn:aws:iam::123456789012:role/x"}), readable_policy_problems, "Role of its own"),
+    "a tag of another prefix": (lambda t: t["Resources"]["ShipmentFunction"]["Properties"]["Tags"].update(
+        {"idempotency-prefix": "orders"}), tag_problems, "is not its IDEMPOTENCY_KEY_PREFIX"),
     "HTTP without the caller header": (lambda t: _env(t, "OrdersApiFunction").pop("IDEMPOTENCY_CALLER_HEADERS"),
                                        http_problems, "IDEMPOTENCY_CALLER_HEADERS"),
 }
