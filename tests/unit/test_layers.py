@@ -36,7 +36,7 @@ ROWS = {
     "stores.protocol": 28,
     "stores.dynamodb": 26,
     "stores.dynamodb.client": 25, "stores.dynamodb.boto3_client": 25, "stores.valkey.auth": 25,
-    "stores.dynamodb.connection": 24, "stores.valkey.client": 24, "stores.s3": 24,
+    "stores.dynamodb.connection": 24, "stores.valkey.client": 24, "stores.s3": 24, "aws.secrets": 24,
     "stores.dynamodb.environment": 23, "stores.dynamodb.botocore_source": 23, "stores.dynamodb.wire": 23,
     "aws.sigv4": 23, "stores.dynamodb.retry": 23, "stores.dynamodb.http_connection": 23,
     "stores.dynamodb.errors": 22, "aws.target": 22, "aws.trust": 22, "aws.environment": 22, "stores.valkey.resp": 22,
