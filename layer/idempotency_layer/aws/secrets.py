@@ -286,13 +286,16 @@ def _exchange(where: _Where, context: Any, headers: dict[str, str], body: bytes,
     else:
         conn = http.client.HTTPConnection(where.host, where.port, timeout=seconds)
     # The whole exchange ends by `seconds`: a server sending a byte at a time trips no socket timeout, which bounds
-    # each read only, so a timer shuts the socket then (one still connecting is bounded by its own timeout).
+    # each read only, so a timer shuts the socket then (one still connecting is bounded by its own timeout). The
+    # socket is held here: http.client lets go of `conn.sock` when an answer ends at the close (no length).
     fired: list[bool] = []
-    watchdog = threading.Timer(seconds, _shut, (conn, fired))
+    held: list[Any] = []
+    watchdog = threading.Timer(seconds, _shut, (held, fired))
     watchdog.daemon = True
     watchdog.start()
     try:
         conn.connect()
+        held.append(conn.sock)
         if fired:
             raise TimeoutError("the attempt's time ran out while connecting")
         conn.request("POST", where.wire, body=body, headers=headers)
@@ -309,15 +312,17 @@ def _exchange(where: _Where, context: Any, headers: dict[str, str], body: bytes,
     finally:
         watchdog.cancel()
         conn.close()
+        for sock in held:
+            sock.close()
 
 
-def _shut(conn: Any, fired: list[bool]) -> None:
+def _shut(held: list[Any], fired: list[bool]) -> None:
+    """End the exchange now: the socket's reads and writes fail at once (its reader holds it open past close)."""
     import contextlib
     import socket
 
     fired.append(True)
-    sock = conn.sock
-    if sock is not None:
+    for sock in held:
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
 
