@@ -23,11 +23,12 @@ from unittest import mock
 import pytest
 
 from idempotency_layer.aws import secrets, sigv4
-from idempotency_layer.aws.secrets import MAX_ANSWER, SETTING, read_secret
+from idempotency_layer.aws.secrets import MAX_ANSWER, read_secret
 from idempotency_layer.errors import IdempotencyConfigurationError
 from tests.support.scripted_dynamodb import ScriptedDynamoDB, answer, unused_port
 
 ROOT = Path(__file__).resolve().parents[2]
+SETTING = "IDEMPOTENCY_RECORD_MAC_KEY"
 ACCESS_KEY = "AKIDSECRETSTEST01"
 SECRET_KEY = "wJalrXUtnFEMI/K7MDENG/secret-access-key-77"
 TOKEN = "IQoJb3JpZ2luX2VjEsession-token-of-the-test/AAAA=="

@@ -46,9 +46,10 @@ if TYPE_CHECKING:
 
     from .target import Credentials
 
-__all__ = ["ATTEMPTS", "ATTEMPT_S", "MAX_ANSWER", "SETTING", "read_secret"]
+__all__ = ["ATTEMPTS", "ATTEMPT_S", "MAX_ANSWER", "read_secret"]
 
-SETTING = "IDEMPOTENCY_RECORD_MAC_KEY"
+# Every message begins with the setting's name, IDEMPOTENCY_RECORD_MAC_KEY, written in it: the setting is read and
+# validated by config, which lists it; this module only names it.
 MAX_ANSWER = 128 * 1024  # a secret is at most 64 KiB (Secrets Manager), a parameter 8 KiB: the rest is JSON
 ATTEMPTS = 4
 ATTEMPT_S = 2.0  # one attempt's most: a stalled one leaves time to try again within the caller's 5 s
@@ -94,12 +95,12 @@ def read_secret(source: str, env: Mapping[str, str], deadline: float) -> bytes:
     service = _SERVICES.get(kind) if colon else None
     if service is None:
         raise IdempotencyConfigurationError(
-            f"{SETTING}: {_shown(source)} is not a key source: write secretsmanager:<arn or name>, "
+            f"IDEMPOTENCY_RECORD_MAC_KEY: {_shown(source)} is not a key source: write secretsmanager:<arn or name>, "
             "ssm:<SecureString parameter name> or env:<VARIABLE>")
     if not _NAME.fullmatch(name):
         raise IdempotencyConfigurationError(
-            f"{SETTING}: {kind}:{_shown(name)} does not name a {service.label}: a name or ARN of letters, digits "
-            "and / _ + = . @ : - (at most 2048)")
+            f"IDEMPOTENCY_RECORD_MAC_KEY: {kind}:{_shown(name)} does not name a {service.label}: a name or ARN "
+            "of letters, digits and / _ + = . @ : - (at most 2048)")
     return _fetch(service, name, env, deadline)
 
 
@@ -111,17 +112,19 @@ def _shown(text: str) -> str:
 def _from_environment(variable: str, env: Mapping[str, str]) -> bytes:
     if not _VARIABLE.fullmatch(variable):
         raise IdempotencyConfigurationError(
-            f"{SETTING}: env:{_shown(variable)} does not name an environment variable")
+            f"IDEMPOTENCY_RECORD_MAC_KEY: env:{_shown(variable)} does not name an environment variable")
     value = env.get(variable)
     if not value:
-        raise IdempotencyConfigurationError(f"{SETTING}: env:{variable}: the variable {variable} is not set or empty")
+        raise IdempotencyConfigurationError(
+            f"IDEMPOTENCY_RECORD_MAC_KEY: env:{variable}: the variable {variable} is not set or empty")
     # os.environ keeps bytes that are not UTF-8 as lone surrogates: given back as the bytes they were.
     return value.encode("utf-8", "surrogateescape")
 
 
 def _failure(service: _Service, name: str, code: str, hint: str = "") -> IdempotencyConfigurationError:
     return IdempotencyConfigurationError(
-        f"{SETTING}: the {service.label} {name!r} could not be read: {code}" + (f" ({hint})" if hint else ""))
+        f"IDEMPOTENCY_RECORD_MAC_KEY: the {service.label} {name!r} could not be read: {code}"
+        + (f" ({hint})" if hint else ""))
 
 
 def _hint(service: _Service, code: str) -> str:
