@@ -467,3 +467,25 @@ def test_a_refused_connection_is_tried_again_then_said():
     with pytest.raises(IdempotencyConfigurationError, match=r"no answer from 127\.0\.0\.1:\d+ "
                                                             r"\(ConnectionRefusedError\)"):
         read_secret("ssm:/x", env, within(2))
+
+
+def test_credentials_from_botocores_chain_are_waited_for_until_the_deadline(scripted_server, tmp_path):
+    # Off the plain environment (SnapStart's container credentials), botocore's chain asks the network: a
+    # credentials server that never answers fails the read by its deadline, and the secret is never asked for.
+    service = scripted_server(secret_answer())
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # connections wait in its backlog, unanswered
+        env = {"AWS_REGION": "eu-west-1", "AWS_ENDPOINT_URL": service.endpoint,
+               "AWS_CONTAINER_CREDENTIALS_FULL_URI": f"http://127.0.0.1:{silent.getsockname()[1]}/credentials",
+               "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+               "AWS_EC2_METADATA_DISABLED": "true"}
+        import botocore.session  # noqa: F401 - imported before the clock starts: its import is not the wait
+
+        started = time.monotonic()
+        with mock.patch.dict(os.environ, env, clear=True), pytest.raises(
+                IdempotencyConfigurationError, match=r"could not be read: no credentials \(TimeoutError\)"):
+            read_secret("secretsmanager:orders/record-mac", env, within(0.8))
+        assert time.monotonic() - started < 0.8 + 0.25
+        silent.settimeout(2)
+        asked, _ = silent.accept()  # botocore did connect to it
+        asked.close()
+    assert service.count == 0

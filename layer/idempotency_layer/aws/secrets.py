@@ -21,9 +21,9 @@ no socket timeout), TLS verified with `aws.trust.tls_context` and the CA bundle 
 endpoints (docs/record-authentication-reading.md).
 
 Where and as whom, from `env` alone, as the DynamoDB client reads a plain Lambda environment: credentials from
-AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN (else botocore's chain, off Lambda:
-`aws.environment.function_credentials`); the region of the ARN, else AWS_DEFAULT_REGION, else AWS_REGION; the
-endpoint from AWS_ENDPOINT_URL_SECRETS_MANAGER or AWS_ENDPOINT_URL_SSM, then AWS_ENDPOINT_URL (unless
+AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN (else botocore's chain, waited for until the
+deadline: `aws.environment.function_credentials`); the region of the ARN, else AWS_DEFAULT_REGION, else
+AWS_REGION; the endpoint from AWS_ENDPOINT_URL_SECRETS_MANAGER or AWS_ENDPOINT_URL_SSM, then AWS_ENDPOINT_URL (unless
 AWS_IGNORE_CONFIGURED_ENDPOINT_URLS is true), else `https://<service>[-fips].<region>.amazonaws.com[.cn]`.
 
 Time: `deadline` is a `time.monotonic()` instant. Each attempt gets at most `ATTEMPT_S` and never past the
@@ -204,16 +204,22 @@ def _configured(service: _Service, env: Mapping[str, str]) -> str | None:
     return env.get(service.endpoint_variable) or env.get("AWS_ENDPOINT_URL") or None
 
 
-def _credentials(service: _Service, name: str, env: Mapping[str, str]) -> Credentials:
+def _credentials(service: _Service, name: str, env: Mapping[str, str], deadline: float) -> Credentials:
     from .environment import UnsendableCredentials, check_sendable, function_credentials
     from .target import Credentials
 
     try:
         check_sendable(env)
-        found = function_credentials(env)
+        if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
+            found = function_credentials(env)  # Lambda's: read from the environment, no botocore
+        else:  # botocore's chain (SnapStart's container credentials, a profile): it may wait on the network
+            from ..deadline import within
+
+            found = within(max(deadline - time.monotonic(), MIN_ATTEMPT_S), lambda: function_credentials(env),
+                           "record-mac-key-credentials")
     except UnsendableCredentials as error:
         raise _failure(service, name, "unusable credentials", str(error)) from None
-    except Exception as error:  # botocore's chain (off Lambda): its error's name, never its text
+    except Exception as error:  # botocore's chain: its error's name, never its text
         raise _failure(service, name, f"no credentials ({type(error).__name__})") from None
     if found is None or not found[0] or not found[1]:
         raise _failure(service, name, "no credentials", "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not set")
@@ -234,7 +240,7 @@ def _fetch(service: _Service, name: str, env: Mapping[str, str], deadline: float
     from .sigv4 import Signer
 
     where = _where(service, name, env)
-    credentials = _credentials(service, name, env)
+    credentials = _credentials(service, name, env, deadline)
     signer = Signer(credentials.access_key, credentials.secret_key, credentials.token, where.region, service.signing)
     body = json.dumps(service.request(name)).encode("utf-8")  # as botocore's JSON serializer writes it
     headers = {"X-Amz-Target": service.target, "Content-Type": "application/x-amz-json-1.1",
