@@ -399,18 +399,26 @@ def test_an_env_source_is_the_variables_bytes():
 
 @pytest.mark.parametrize(("source", "said"), [
     ("env:MAC_KEY", "IDEMPOTENCY_RECORD_MAC_KEY: env:MAC_KEY: the variable MAC_KEY is not set or empty"),
-    ("env:", "IDEMPOTENCY_RECORD_MAC_KEY: env:'' does not name an environment variable"),
-    ("vault:x", "IDEMPOTENCY_RECORD_MAC_KEY: 'vault:x' is not a key source: write secretsmanager:<arn or name>, "
-                "ssm:<SecureString parameter name> or env:<VARIABLE>"),
-    ("orders-mac", "IDEMPOTENCY_RECORD_MAC_KEY: 'orders-mac' is not a key source"),
-    ("secretsmanager:", "IDEMPOTENCY_RECORD_MAC_KEY: secretsmanager:'' does not name a Secrets Manager secret"),
-    ("ssm:a b", "IDEMPOTENCY_RECORD_MAC_KEY: ssm:'a b' does not name a SSM parameter"),
+    ("env:", "IDEMPOTENCY_RECORD_MAC_KEY: an env: source does not name an environment variable (its text is not "
+             "shown): env:<letters, digits and _>"),
+    ("vault:x", "IDEMPOTENCY_RECORD_MAC_KEY: a source is not one (the kind 'vault' is unknown; its text is not "
+                "shown): write secretsmanager:<arn or name>, ssm:<SecureString parameter name> or env:<VARIABLE>"),
+    ("secretsmanager:", "IDEMPOTENCY_RECORD_MAC_KEY: a secretsmanager: source does not name a Secrets Manager "
+                        "secret (its text is not shown)"),
+    ("ssm:a b", "IDEMPOTENCY_RECORD_MAC_KEY: a ssm: source does not name a SSM parameter"),
     ("secretsmanager:arn:aws:ssm:eu-west-1:1:parameter/x", "could not be read: not an ARN of its kind"),
 ])
 def test_a_bad_source_is_said(source, said):
     with pytest.raises(IdempotencyConfigurationError) as raised:
         read_secret(source, {"AWS_REGION": "eu-west-1"}, within(5))
     assert said in str(raised.value)
+
+
+@pytest.mark.parametrize("source", [KEY, "k3y:" + KEY, "ssm:" + KEY + " ", "env:" + KEY + "!", "Secret " + KEY])
+def test_a_key_written_in_the_setting_by_mistake_is_never_shown(source):
+    with pytest.raises(IdempotencyConfigurationError) as raised:
+        read_secret(source, {"AWS_REGION": "eu-west-1"}, within(5))
+    assert KEY not in str(raised.value) and "its text is not shown" in str(raised.value)
 
 
 def endpoint_of(source: str, env: dict[str, str]) -> tuple[str, str, str]:

@@ -7,7 +7,7 @@ bytes one source names.
 
 Never logged. The request is signed by the layer's own SigV4 (`aws.sigv4.Signer`) and sent with `http.client`,
 one connection per read: botocore is not imported for it (about 100 ms of init, and at DEBUG its parsers log the
-answer's body and its signer the session token: docs/security.md, M4), and nothing here logs. Errors name the
+answer's body and its signer the session token: the security review's M4), and nothing here logs. Errors name the
 setting, the source and AWS's error code, never the value, the answer's message or the credentials; they are
 raised `from None`, so no exception holding the answer is chained to them.
 
@@ -66,6 +66,7 @@ _THROTTLED = frozenset((
 ))
 _CODE = re.compile(r"[A-Za-z][A-Za-z0-9_.]{0,63}")
 _NAME = re.compile(r"[A-Za-z0-9/_+=.@:-]{1,2048}")
+_KIND = re.compile(r"[a-z]{1,20}")
 _VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 _REGION = re.compile(r"(?![0-9]+$)(?!-)[a-z0-9-]{1,63}(?<!-)")
 _PARTITION_DOMAINS = {"aws": "amazonaws.com", "aws-us-gov": "amazonaws.com", "aws-cn": "amazonaws.com.cn"}
@@ -93,26 +94,24 @@ def read_secret(source: str, env: Mapping[str, str], deadline: float) -> bytes:
     if kind == "env" and colon:
         return _from_environment(name, env)
     service = _SERVICES.get(kind) if colon else None
+    # A text that is no source is never shown: it may be the key itself, written in the setting by mistake.
     if service is None:
+        said = f"the kind {kind!r} is unknown" if colon and _KIND.fullmatch(kind) else "it has no kind"
         raise IdempotencyConfigurationError(
-            f"IDEMPOTENCY_RECORD_MAC_KEY: {_shown(source)} is not a key source: write secretsmanager:<arn or name>, "
-            "ssm:<SecureString parameter name> or env:<VARIABLE>")
+            f"IDEMPOTENCY_RECORD_MAC_KEY: a source is not one ({said}; its text is not shown): write "
+            "secretsmanager:<arn or name>, ssm:<SecureString parameter name> or env:<VARIABLE>")
     if not _NAME.fullmatch(name):
         raise IdempotencyConfigurationError(
-            f"IDEMPOTENCY_RECORD_MAC_KEY: {kind}:{_shown(name)} does not name a {service.label}: a name or ARN "
-            "of letters, digits and / _ + = . @ : - (at most 2048)")
+            f"IDEMPOTENCY_RECORD_MAC_KEY: a {kind}: source does not name a {service.label} (its text is not "
+            "shown): a name or ARN of letters, digits and / _ + = . @ : - (at most 2048)")
     return _fetch(service, name, env, deadline)
-
-
-def _shown(text: str) -> str:
-    """A source as an error shows it: quoted, control characters escaped, cut at 200 characters."""
-    return repr(text[:200] + ("..." if len(text) > 200 else ""))
 
 
 def _from_environment(variable: str, env: Mapping[str, str]) -> bytes:
     if not _VARIABLE.fullmatch(variable):
         raise IdempotencyConfigurationError(
-            f"IDEMPOTENCY_RECORD_MAC_KEY: env:{_shown(variable)} does not name an environment variable")
+            "IDEMPOTENCY_RECORD_MAC_KEY: an env: source does not name an environment variable (its text is not "
+            "shown): env:<letters, digits and _>")
     value = env.get(variable)
     if not value:
         raise IdempotencyConfigurationError(
