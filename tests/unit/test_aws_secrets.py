@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import io
+import json
 import logging
 import os
 import socket
@@ -21,6 +22,8 @@ from typing import Any
 from unittest import mock
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from idempotency_layer.aws import secrets, sigv4
 from idempotency_layer.aws.secrets import MAX_ANSWER, read_secret
@@ -213,6 +216,15 @@ def test_ssm_access_denied_names_kms_too(scripted_server):
     with pytest.raises(IdempotencyConfigurationError, match=r"AccessDeniedException \(the function's role needs "
                        r"ssm:GetParameter on this parameter and kms:Decrypt"):
         read_secret("ssm:/orders/record-mac", environment(server.endpoint), within(5))
+
+
+def test_an_error_without_a_code_is_said_by_its_status(scripted_server):
+    server = scripted_server(answer(403, b"<html>Forbidden " + KEY.encode() + b"</html>", crc=None))
+    with pytest.raises(IdempotencyConfigurationError) as raised:
+        read_secret("secretsmanager:orders/record-mac", environment(server.endpoint), within(5))
+    assert str(raised.value) == (f"{SETTING}: the Secrets Manager secret 'orders/record-mac' could not be read: "
+                                 "HTTP 403")
+    assert server.count == 1
 
 
 def test_throttling_and_a_5xx_are_tried_again_then_the_value_is_read(scripted_server):
@@ -497,3 +509,21 @@ def test_credentials_from_botocores_chain_are_waited_for_until_the_deadline(scri
         asked, _ = silent.accept()  # botocore did connect to it
         asked.close()
     assert service.count == 0
+
+
+@settings(max_examples=50, deadline=None)
+@given(header=st.text(max_size=80), body=st.one_of(st.binary(max_size=200), st.builds(
+    lambda t: json.dumps({"__type": t, "Message": KEY}).encode(), st.text(max_size=80))))
+def test_an_error_code_is_a_codes_name_or_a_question_mark(header, body):
+    # Whatever a broken or hostile peer answers, an error quotes at most a code's name, never its message.
+    code = secrets._error_code(header, body)
+    assert code == "?" or (secrets._CODE.fullmatch(code) and (code in header or code.encode() in body))
+    assert KEY not in code
+
+
+def test_an_error_code_is_found_in_each_of_awss_forms():
+    assert secrets._error_code("ResourceNotFoundException:http://internal.amazon.com/", b"") == \
+        "ResourceNotFoundException"
+    assert secrets._error_code("", b'{"__type": "com.amazonaws.ssm#ParameterNotFound", "message": "x"}') == \
+        "ParameterNotFound"
+    assert secrets._error_code("", b"<html>") == "?"

@@ -269,7 +269,7 @@ def _fetch(service: _Service, name: str, env: Mapping[str, str], deadline: float
                 return service.value(name, _parsed(service, name, answer))
             code = _error_code(error_type, answer)
             if status < 500 and code not in _THROTTLED:
-                raise _failure(service, name, code, _hint(service, code))
+                raise _failure(service, name, code if code != "?" else f"HTTP {status}", _hint(service, code))
             code = f"{code} (HTTP {status})" if code != "?" else f"HTTP {status}"
         pause = _PAUSES.delay(attempt)
         if attempt == ATTEMPTS or time.monotonic() + pause + MIN_ATTEMPT_S > deadline:
