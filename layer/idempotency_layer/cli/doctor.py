@@ -355,6 +355,7 @@ def run(args: Any, env: dict[str, str]) -> list[Check]:
             checks.append(following)
     else:
         checks += _deployment_checks(config, configuration, mappings, session, timeout or 3)
+        checks += _isolation_checks(config, configuration, session)
     # Each backend's checks are imported only when the settings name it.
     if config.store == "valkey":
         from .checks import valkey
@@ -405,6 +406,38 @@ def _deployment_checks(config: Any, configuration: dict[str, Any], mappings: lis
             found.append(unread._replace(name=found[0].name if found else unread.name))
         checks += found
     return checks
+
+
+def _isolation_checks(config: Any, configuration: dict[str, Any], session: Any) -> list[Check]:
+    """Who else the function's records are open to: other functions through its role's policy."""
+    checks = []
+    role, arn = configuration.get("Role"), configuration["FunctionArn"].split(":")
+    if (config.store == "dynamodb" and config.table and isinstance(role, str) and role and session is not None
+            and len(arn) >= 7):
+        from .checks import dynamodb
+
+        # The table is in the function's Region and account (the layer's client uses AWS_REGION), unless named
+        # by its ARN.
+        table_arn = config.table if config.table.startswith("arn:") else (
+            f"arn:{arn[1]}:dynamodb:{arn[3]}:{arn[4]}:table/{config.table}")
+        checks.append(dynamodb.isolation_check(_simulator(session), config, role, table_arn))
+    return checks
+
+
+def _simulator(session: Any) -> Any:
+    """iam:SimulatePrincipalPolicy with the operator's credentials, every page of EvaluationResults. IAM is
+    global: botocore signs for its partition's endpoint (iam.amazonaws.com, us-east-1) whatever the Region."""
+    def simulate(request: dict[str, Any]) -> list[Any]:
+        iam = _client(session, "iam")
+
+        def pages() -> list[Any]:
+            found: list[Any] = []
+            for page in iam.get_paginator("simulate_principal_policy").paginate(**request):
+                found.extend(page.get("EvaluationResults") or [])  # none: isolation_check says unreadable
+            return found
+
+        return list(_bounded(pages))
+    return simulate
 
 
 def _client_failed(error: Exception, env: Any) -> Check:

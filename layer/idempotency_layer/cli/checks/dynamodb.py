@@ -1,6 +1,7 @@
 """doctor's checks of a DynamoDB store (the default): the credentials, the table, its key schema and TTL, read
 with the layer's own DynamoDB client (it signs any JSON 1.0 operation: DescribeTable, DescribeTimeToLive); then
-the five permissions, proven with the layer's own store on a probe key that is removed again."""
+the five permissions, proven with the layer's own store on a probe key that is removed again. With
+`doctor --function`, also whether the function's role is confined to its own keys (IAM's policy simulator)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 from ... import codec
 from ...errors import IdempotencyPersistenceLayerError
 from ...stores.dynamodb import DynamoDBError
-from .check import FAIL, PASS, PROBE_SECONDS, WARN, Check
+from .check import FAIL, PASS, PROBE_SECONDS, WARN, Check, aws_failure
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -191,3 +192,59 @@ def checks(config: Any, transport: Any) -> list[Check]:
         store = open_store(config, transport)  # as the function opens it
         found += permission_checks(store, config.key_prefix)
     return found
+
+
+# The item actions the layer sends, as IAM names them: the ones a dynamodb:LeadingKeys condition must confine.
+ITEM_ACTIONS = tuple(f"dynamodb:{name}" for name in ("GetItem", "PutItem", "UpdateItem", "DeleteItem",
+                                                     "BatchGetItem"))
+
+
+def outside_key(config: Any) -> tuple[str, str, str]:
+    """A leading key that is not the function's, what its own leading keys are, and the condition that confines
+    a role to them. In the sort-key layout every record shares one partition value, so another one is outside."""
+    if config.partition_value is not None:
+        own = config.partition_value
+        other = "idempotency#zz-other" if own != "idempotency#zz-other" else "idempotency#zz-another"
+        return other, repr(own), f"ForAllValues:StringEquals on dynamodb:LeadingKeys [{own!r}]"
+    prefix = config.key_prefix
+    other = "zz-other#x" if prefix != "zz-other" else "zz-another#x"
+    return other, f"{prefix}#*", f"ForAllValues:StringLike on dynamodb:LeadingKeys ['{prefix}#*']"
+
+
+def isolation_request(config: Any, role: str, table_arn: str) -> dict[str, Any]:
+    """The SimulatePrincipalPolicy request asking whether `role` may touch a key outside the function's own."""
+    return {"PolicySourceArn": role, "ActionNames": list(ITEM_ACTIONS), "ResourceArns": [table_arn],
+            "ContextEntries": [{"ContextKeyName": "dynamodb:LeadingKeys", "ContextKeyValues": [outside_key(config)[0]],
+                                "ContextKeyType": "stringList"}]}
+
+
+def isolation_check(simulate: Any, config: Any, role: str, table_arn: str) -> Check:
+    """Whether the function's role is confined to its own keys (issue 44, R1.5): IAM's policy simulator evaluates
+    the role's policies for each item action on a key outside them. `simulate(request)` returns the
+    EvaluationResults of every page. The operator's credentials call it; a failure is a warning, never a crash."""
+    name = "role isolation"
+    other, own, condition = outside_key(config)
+    try:
+        results = simulate(isolation_request(config, role, table_arn))
+    except Exception as error:  # botocore's ClientError and BotoCoreError, a call not done in time
+        code, kind = aws_failure(error)
+        fix = ("IAM did not answer; retry doctor" if kind == "transient" else "run doctor with credentials that "
+               "may call iam:SimulatePrincipalPolicy on the role (the function itself does not need it)")
+        return Check(name, WARN, f"could not run: iam:SimulatePrincipalPolicy on {role} failed ({code}), so "
+                     f"whether the role can reach keys outside {own} is not known", fix)
+    try:
+        decisions = {result["EvalActionName"]: result["EvalDecision"] for result in results}
+        if not all(isinstance(text, str) for text in (*decisions, *decisions.values())) or not (
+                set(ITEM_ACTIONS) <= set(decisions)):
+            raise TypeError("EvaluationResults")
+    except (KeyError, TypeError, AttributeError):
+        return Check(name, WARN, "could not run: SimulatePrincipalPolicy's answer is not one this doctor can read",
+                     "check the endpoint (AWS_ENDPOINT_URL_IAM / AWS_ENDPOINT_URL): it should be IAM's")
+    allowed = [action for action in ITEM_ACTIONS if decisions[action] == "allowed"]
+    if allowed:
+        return Check(name, WARN, f"the role {role} may call {', '.join(allowed)} on keys outside {own} (IAM's "
+                     f"policy simulator allows them on {other!r}): it can read, forge or delete other functions' "
+                     "records in the table", f"confine the role's statement on the table with {condition} and "
+                     "Null dynamodb:LeadingKeys false, with no Scan, Query or PartiQL in it (docs/security.md)")
+    return Check(name, PASS, f"the role is confined to {own}: IAM's policy simulator denies every item action on "
+                 f"{other!r}")

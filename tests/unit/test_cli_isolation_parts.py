@@ -1,0 +1,112 @@
+"""`doctor --function`'s isolation checks as pure parts (issue 44): the role's confinement to its own keys as
+IAM's policy simulator answers (R1.5), given stand-in simulators for what tests/store/test_cli_doctor_function.py
+cannot make IAM answer (a timeout, a malformed answer)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError, ReadTimeoutError
+
+from idempotency_layer import config as _config
+from idempotency_layer.cli.checks.dynamodb import ITEM_ACTIONS, isolation_check, isolation_request, outside_key
+from idempotency_layer.cli.doctor import PASS, WARN
+
+ROLE = "arn:aws:iam::123456789012:role/orders-role"
+TABLE = "arn:aws:dynamodb:us-east-1:123456789012:table/orders-idem"
+BASE = {"IDEMPOTENCY_TABLE": "orders-idem", "IDEMPOTENCY_ORIGINAL_HANDLER": "app.handler",
+        "AWS_LAMBDA_FUNCTION_NAME": "orders"}
+
+
+def settings(**extra: str) -> Any:
+    return _config.load({**BASE, **extra})
+
+
+def answering(decisions: dict[str, str]) -> Any:
+    asked: list[dict[str, Any]] = []
+
+    def simulate(request: dict[str, Any]) -> list[dict[str, Any]]:
+        asked.append(request)
+        return [{"EvalActionName": action, "EvalResourceName": TABLE, "EvalDecision": decision}
+                for action, decision in decisions.items()]
+
+    simulate.asked = asked  # type: ignore[attr-defined]
+    return simulate
+
+
+def test_the_request_asks_about_a_key_outside_the_prefix():
+    assert isolation_request(settings(), ROLE, TABLE) == {
+        "PolicySourceArn": ROLE, "ActionNames": ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem",
+                                                 "dynamodb:DeleteItem", "dynamodb:BatchGetItem"],
+        "ResourceArns": [TABLE],
+        "ContextEntries": [{"ContextKeyName": "dynamodb:LeadingKeys", "ContextKeyValues": ["zz-other#x"],
+                            "ContextKeyType": "stringList"}]}
+
+
+@pytest.mark.parametrize(("extra", "other"), [
+    ({}, "zz-other#x"),
+    ({"IDEMPOTENCY_KEY_PREFIX": "zz-other"}, "zz-another#x"),  # never a key of the function itself
+    ({"IDEMPOTENCY_SORT_KEY_ATTR": "sk"}, "idempotency#zz-other"),  # another function's partition value
+    ({"IDEMPOTENCY_SORT_KEY_ATTR": "sk", "IDEMPOTENCY_PARTITION_VALUE": "idempotency#zz-other"},
+     "idempotency#zz-another"),
+])
+def test_the_outside_key_is_never_the_functions_own(extra, other):
+    config = settings(**extra)
+    assert outside_key(config)[0] == other
+    if config.partition_value is None:
+        assert not other.startswith(f"{config.key_prefix}#")
+    else:
+        assert other != config.partition_value
+
+
+def test_each_decision():
+    denied = answering({action: "implicitDeny" for action in ITEM_ACTIONS})
+    check = isolation_check(denied, settings(), ROLE, TABLE)
+    assert check == (  # (Check's fix is None)
+        "role isolation", PASS, "the role is confined to orders#*: IAM's policy simulator denies every item action "
+        "on 'zz-other#x'", None)
+    assert denied.asked == [isolation_request(settings(), ROLE, TABLE)]
+    explicit = answering({**{action: "implicitDeny" for action in ITEM_ACTIONS}, "dynamodb:DeleteItem": "explicitDeny"})
+    assert isolation_check(explicit, settings(), ROLE, TABLE).status == PASS
+    one = answering({**{action: "implicitDeny" for action in ITEM_ACTIONS}, "dynamodb:DeleteItem": "allowed"})
+    check = isolation_check(one, settings(), ROLE, TABLE)
+    assert check.status == WARN
+    assert check.detail.startswith(f"the role {ROLE} may call dynamodb:DeleteItem on keys outside orders#* (")
+    assert check.fix.endswith("(docs/security.md)")
+
+
+@pytest.mark.parametrize(("answer", "said"), [
+    ([], "could not run: SimulatePrincipalPolicy's answer is not one this doctor can read"),  # no results
+    ([{"EvalActionName": "dynamodb:GetItem"}], "could not run: SimulatePrincipalPolicy's answer is not one"),
+    ([{"EvalActionName": action, "EvalDecision": "allowed"} for action in ITEM_ACTIONS[:4]],  # one missing
+     "could not run: SimulatePrincipalPolicy's answer is not one"),
+    (["allowed"], "could not run: SimulatePrincipalPolicy's answer is not one"),
+    ([{"EvalActionName": action, "EvalDecision": None} for action in ITEM_ACTIONS],
+     "could not run: SimulatePrincipalPolicy's answer is not one"),
+])
+def test_a_malformed_answer_is_a_warning(answer, said):
+    check = isolation_check(lambda request: answer, settings(), ROLE, TABLE)
+    assert (check.status, check.detail[:len(said)]) == (WARN, said)
+    assert check.fix == "check the endpoint (AWS_ENDPOINT_URL_IAM / AWS_ENDPOINT_URL): it should be IAM's"
+
+
+@pytest.mark.parametrize(("error", "code", "fix"), [
+    (ClientError({"Error": {"Code": "AccessDenied"}, "ResponseMetadata": {"HTTPStatusCode": 403}},
+                 "SimulatePrincipalPolicy"), "AccessDenied", "run doctor with credentials that may call "
+     "iam:SimulatePrincipalPolicy on the role (the function itself does not need it)"),
+    (ClientError({"Error": {"Code": "NoSuchEntity"}, "ResponseMetadata": {"HTTPStatusCode": 404}},
+                 "SimulatePrincipalPolicy"), "NoSuchEntity", "run doctor with credentials that may call "
+     "iam:SimulatePrincipalPolicy on the role (the function itself does not need it)"),
+    (ReadTimeoutError(endpoint_url="https://iam.amazonaws.com"), "ReadTimeoutError",
+     "IAM did not answer; retry doctor"),
+    (TimeoutError("not done within 30.00 s"), "TimeoutError", "IAM did not answer; retry doctor"),
+])
+def test_a_failed_simulation_is_a_warning_naming_the_permission(error, code, fix):
+    def simulate(request: dict[str, Any]) -> list[Any]:
+        raise error
+
+    check = isolation_check(simulate, settings(), ROLE, TABLE)
+    assert check == ("role isolation", WARN, f"could not run: iam:SimulatePrincipalPolicy on {ROLE} failed "
+                     f"({code}), so whether the role can reach keys outside orders#* is not known", fix)
+
