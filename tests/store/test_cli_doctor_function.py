@@ -245,3 +245,34 @@ def test_doctor_isolation_in_the_sort_key_layout(moto, deployed, layer_env, sort
     assert "fix: confine the role's statement on the table with ForAllValues:StringEquals on dynamodb:LeadingKeys " \
         "['idempotency#orders-sk-wide'] and Null dynamodb:LeadingKeys false" in out
 
+
+def test_doctor_warns_on_http_callers_sharing_one_scope(moto, deployed, layer_env, table, iam):
+    plain_function(moto, "orders-api", {"IDEMPOTENCY_TABLE": table, "IDEMPOTENCY_KEY_HEADER": "Idempotency-Key"},
+                   role=deployed["role"])
+    code, checks, out = doctor_checks(doctor_env(moto, layer_env, table, iam), "orders-api")
+    assert code == 0, out
+    assert ("WARN http callers: the function takes HTTP requests (IDEMPOTENCY_KEY_HEADER='Idempotency-Key' is set), "
+            "and IDEMPOTENCY_CALLER_HEADERS is unset: callers without an authorizer (API Gateway's authorizers are "
+            "not visible here) share one scope, so one caller can be answered with another's stored response\n"
+            "     fix: set IDEMPOTENCY_CALLER_HEADERS (e.g. Authorization) to the headers that name the caller, or "
+            "put an authorizer in front (docs/http.md)\n") in out
+
+    plain_function(moto, "orders-url", {"IDEMPOTENCY_TABLE": table}, role=deployed["role"])
+    client(moto, "lambda").create_function_url_config(FunctionName="orders-url", AuthType="NONE")
+    _, checks, out = doctor_checks(doctor_env(moto, layer_env, table, iam), "orders-url")
+    assert checks["http callers"]["detail"].startswith(
+        "the function takes HTTP requests (its function URL has AuthType NONE), and IDEMPOTENCY_CALLER_HEADERS is "
+        "unset: callers without an authorizer share one scope"), out
+
+    plain_function(moto, "orders-api-scoped", {"IDEMPOTENCY_TABLE": table, "IDEMPOTENCY_KEY_HEADER": "Idempotency-Key",
+                                               "IDEMPOTENCY_CALLER_HEADERS": "Authorization"}, role=deployed["role"])
+    code, checks, out = doctor_checks(doctor_env(moto, layer_env, table, iam), "orders-api-scoped")
+    assert code == 0, out
+    assert "PASS http callers: IDEMPOTENCY_CALLER_HEADERS=authorization: a request no authorizer names is scoped " \
+        "by those headers\n" in out
+    assert "WARN" not in out
+
+    plain_function(moto, "orders-iam-url", {"IDEMPOTENCY_TABLE": table}, role=deployed["role"])
+    client(moto, "lambda").create_function_url_config(FunctionName="orders-iam-url", AuthType="AWS_IAM")
+    _, checks, out = doctor_checks(doctor_env(moto, layer_env, table, iam), "orders-iam-url")
+    assert "http callers" not in checks, out  # IAM names every caller of the URL, and nothing says HTTP otherwise

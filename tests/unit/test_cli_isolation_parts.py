@@ -1,6 +1,6 @@
 """`doctor --function`'s isolation checks as pure parts (issue 44): the role's confinement to its own keys as
 IAM's policy simulator answers (R1.5), given stand-in simulators for what tests/store/test_cli_doctor_function.py
-cannot make IAM answer (a timeout, a malformed answer)."""
+cannot make IAM answer (a timeout, a malformed answer), and the HTTP callers' scope (R-M1.2) for each hint."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from botocore.exceptions import ClientError, ReadTimeoutError
 
 from idempotency_layer import config as _config
 from idempotency_layer.cli.checks.dynamodb import ITEM_ACTIONS, isolation_check, isolation_request, outside_key
-from idempotency_layer.cli.doctor import PASS, WARN
+from idempotency_layer.cli.doctor import PASS, WARN, http_callers_check
 
 ROLE = "arn:aws:iam::123456789012:role/orders-role"
 TABLE = "arn:aws:dynamodb:us-east-1:123456789012:table/orders-idem"
@@ -110,3 +110,24 @@ def test_a_failed_simulation_is_a_warning_naming_the_permission(error, code, fix
     assert check == ("role isolation", WARN, f"could not run: iam:SimulatePrincipalPolicy on {ROLE} failed "
                      f"({code}), so whether the role can reach keys outside orders#* is not known", fix)
 
+
+def test_http_callers_for_each_hint():
+    header = {"IDEMPOTENCY_KEY_HEADER": "Idempotency-Key"}
+    assert http_callers_check(settings(), {}, None) is None  # nothing says the function takes HTTP requests
+    assert http_callers_check(settings(), {}, "AWS_IAM") is None  # IAM names each caller of the URL
+    assert http_callers_check(settings(IDEMPOTENCY_HTTP="off", **header), header, "NONE") is None
+    warned = http_callers_check(settings(**header), header, None)
+    assert warned is not None and warned.status == WARN
+    assert warned.detail == (
+        "the function takes HTTP requests (IDEMPOTENCY_KEY_HEADER='Idempotency-Key' is set), and "
+        "IDEMPOTENCY_CALLER_HEADERS is unset: callers without an authorizer (API Gateway's authorizers are not "
+        "visible here) share one scope, so one caller can be answered with another's stored response")
+    assert warned.fix == ("set IDEMPOTENCY_CALLER_HEADERS (e.g. Authorization) to the headers that name the caller, "
+                          "or put an authorizer in front (docs/http.md)")
+    both = http_callers_check(settings(**header), header, "NONE")
+    assert both is not None and both.detail.startswith(
+        "the function takes HTTP requests (its function URL has AuthType NONE; IDEMPOTENCY_KEY_HEADER="
+        "'Idempotency-Key' is set), and IDEMPOTENCY_CALLER_HEADERS is unset: callers without an authorizer share")
+    scoped = http_callers_check(settings(IDEMPOTENCY_CALLER_HEADERS="Authorization, Cookie"), {}, "NONE")
+    assert scoped == ("http callers", PASS, "IDEMPOTENCY_CALLER_HEADERS=authorization,cookie: a request no "
+                      "authorizer names is scoped by those headers", None)

@@ -251,7 +251,9 @@ class NotLambda(Exception):
     """The Lambda endpoint answered with something that is not a function's configuration."""
 
 
-def _deployed(name: str, region: str | None) -> tuple[dict[str, Any], list[dict[str, Any]], Any]:
+def _deployed(name: str, region: str | None) -> tuple[dict[str, Any], list[dict[str, Any]], Any, str | None]:
+    """The function's configuration, its event source mappings, the boto3 session that read them, and its
+    function URL's AuthType (None: no URL, or one these credentials may not read)."""
     import boto3  # only `doctor --function` needs it
 
     # boto3 reads AWS_DEFAULT_REGION only; the layer and the README name AWS_REGION too (Lambda sets both).
@@ -271,7 +273,17 @@ def _deployed(name: str, region: str | None) -> tuple[dict[str, Any], list[dict[
     mappings = _bounded(pages)
     if not all(isinstance(mapping, dict) for mapping in mappings):
         raise NotLambda("ListEventSourceMappings")
-    return configuration, mappings, session
+    return configuration, mappings, session, _url_auth(client, name)
+
+
+def _url_auth(client: Any, name: str) -> str | None:
+    """The function URL's AuthType: a hint that the function serves HTTP requests, and whether IAM names their
+    callers. Without a URL, or without lambda:GetFunctionUrlConfig, there is no hint."""
+    try:
+        auth = _bounded(lambda: client.get_function_url_config(FunctionName=name)).get("AuthType")
+    except Exception:  # ResourceNotFoundException (no URL), a denial, no answer: nothing learnt
+        return None
+    return auth if isinstance(auth, str) else None
 
 
 def _queue(session: Any, arn: str) -> tuple[dict[str, str] | None, Check | None]:
@@ -307,9 +319,10 @@ def run(args: Any, env: dict[str, str]) -> list[Check]:
     configuration: dict[str, Any] = {}
     mappings: list[dict[str, Any]] = []
     session = None
+    url_auth = None
     if args.function:
         try:
-            configuration, mappings, session = _deployed(args.function, args.region)
+            configuration, mappings, session, url_auth = _deployed(args.function, args.region)
         except ImportError:
             return [Check("function", FAIL, "doctor --function reads the function with boto3, which is not installed",
                           "pip install boto3")]
@@ -355,7 +368,7 @@ def run(args: Any, env: dict[str, str]) -> list[Check]:
             checks.append(following)
     else:
         checks += _deployment_checks(config, configuration, mappings, session, timeout or 3)
-        checks += _isolation_checks(config, configuration, session)
+        checks += _isolation_checks(config, configuration, session, url_auth)
     # Each backend's checks are imported only when the settings name it.
     if config.store == "valkey":
         from .checks import valkey
@@ -408,8 +421,33 @@ def _deployment_checks(config: Any, configuration: dict[str, Any], mappings: lis
     return checks
 
 
-def _isolation_checks(config: Any, configuration: dict[str, Any], session: Any) -> list[Check]:
-    """Who else the function's records are open to: other functions through its role's policy."""
+def http_callers_check(config: Any, variables: dict[str, str], url_auth: str | None) -> Check | None:
+    """Whether callers no authorizer names share one scope (issue 44, R-M1.2). The layer tells an HTTP request by
+    its shape, so doctor goes by hints: a function URL without IAM auth, or IDEMPOTENCY_KEY_HEADER in the
+    function's own settings. API Gateway's authorizers are not visible to doctor. None: nothing to say."""
+    if not config.http:
+        return None
+    hints = []
+    if url_auth == "NONE":
+        hints.append("its function URL has AuthType NONE")
+    if variables.get("IDEMPOTENCY_KEY_HEADER"):
+        hints.append(f"IDEMPOTENCY_KEY_HEADER={variables['IDEMPOTENCY_KEY_HEADER']!r} is set")
+    if not hints:
+        return None
+    if config.caller_headers:
+        return Check("http callers", PASS, f"IDEMPOTENCY_CALLER_HEADERS={','.join(config.caller_headers)}: a "
+                     "request no authorizer names is scoped by those headers")
+    unseen = "" if hints[0].startswith("its function URL") else " (API Gateway's authorizers are not visible here)"
+    return Check("http callers", WARN, f"the function takes HTTP requests ({'; '.join(hints)}), and "
+                 f"IDEMPOTENCY_CALLER_HEADERS is unset: callers without an authorizer{unseen} share one scope, so "
+                 "one caller can be answered with another's stored response",
+                 "set IDEMPOTENCY_CALLER_HEADERS (e.g. Authorization) to the headers that name the caller, or put an "
+                 "authorizer in front (docs/http.md)")
+
+
+def _isolation_checks(config: Any, configuration: dict[str, Any], session: Any, url_auth: str | None) -> list[Check]:
+    """Who else the function's records are open to: other functions through its role's policy, other HTTP callers
+    through a shared scope."""
     checks = []
     role, arn = configuration.get("Role"), configuration["FunctionArn"].split(":")
     if (config.store == "dynamodb" and config.table and isinstance(role, str) and role and session is not None
@@ -421,7 +459,9 @@ def _isolation_checks(config: Any, configuration: dict[str, Any], session: Any) 
         table_arn = config.table if config.table.startswith("arn:") else (
             f"arn:{arn[1]}:dynamodb:{arn[3]}:{arn[4]}:table/{config.table}")
         checks.append(dynamodb.isolation_check(_simulator(session), config, role, table_arn))
-    return checks
+    variables = (configuration.get("Environment") or {}).get("Variables") or {}
+    callers = http_callers_check(config, variables, url_auth)
+    return checks if callers is None else [*checks, callers]
 
 
 def _simulator(session: Any) -> Any:
