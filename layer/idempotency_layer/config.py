@@ -83,7 +83,9 @@ if TYPE_CHECKING:
         durable_executions: bool = False
         # IDEMPOTENCY_LARGE_RESULTS_BUCKET / _PREFIX: where results too large for a record go; None: not stored
         large_results_bucket: str | None = None
-        large_results_prefix: str = "idempotency-results/"
+        large_results_prefix: str = "idempotency-results/"  # by default idempotency-results/<key prefix>/
+        # IDEMPOTENCY_LARGE_RESULTS_READ_BUCKETS: the buckets besides the setting's that a replay may read
+        large_results_read_buckets: tuple[str, ...] = ()
         store: str = "dynamodb"  # IDEMPOTENCY_STORE: "dynamodb" or "valkey"
         valkey: Valkey | None = None  # IDEMPOTENCY_VALKEY_URL when the store is valkey
 else:
@@ -121,10 +123,11 @@ else:
         "durable_executions",
         "large_results_bucket",
         "large_results_prefix",
+        "large_results_read_buckets",
         "store",
         "valkey",
     ), defaults=(False, "Idempotency", None, None, False, "auto", None, False, None, "idempotency-results/",
-                 "dynamodb", None))
+                 (), "dynamodb", None))
 
 
 class Config(_ConfigFields):
@@ -298,6 +301,7 @@ NAMES = frozenset(
     + list(store_settings.ATTR_VARIABLES.values())
     + ["IDEMPOTENCY_DISABLED", "IDEMPOTENCY_ORIGINAL_HANDLER", "IDEMPOTENCY_TABLE", "IDEMPOTENCY_KEY_PREFIX",
        "IDEMPOTENCY_LARGE_RESULTS_BUCKET", "IDEMPOTENCY_LARGE_RESULTS_PREFIX",
+       "IDEMPOTENCY_LARGE_RESULTS_READ_BUCKETS",
        "IDEMPOTENCY_STORE", "IDEMPOTENCY_VALKEY_URL", "IDEMPOTENCY_VALKEY_SECRET", "IDEMPOTENCY_VALKEY_IAM",
        "IDEMPOTENCY_KEY_JMESPATH", "IDEMPOTENCY_KEY_HEADER", "IDEMPOTENCY_CALLER_HEADERS", "IDEMPOTENCY_LOG_LEVEL",
        "IDEMPOTENCY_PARTITION_VALUE", "IDEMPOTENCY_METRICS_NAMESPACE"]
@@ -376,10 +380,11 @@ def load(env: Mapping[str, str] | None = None) -> Config:
             "layer handles as HTTP, so every caller would share each key; unset IDEMPOTENCY_HTTP (auto), or put the "
             "caller in IDEMPOTENCY_KEY_JMESPATH instead"
         )
-    results_bucket, results_prefix = store_settings.read_large_results(env)
+    results_bucket, results_prefix, read_buckets = store_settings.read_large_results(env, prefix or "")
     return Config(
         large_results_bucket=results_bucket,
         large_results_prefix=results_prefix,
+        large_results_read_buckets=read_buckets,
         disabled=disabled,
         table=table,
         key_jmespath=None if key_jmespath == "@" else key_jmespath,

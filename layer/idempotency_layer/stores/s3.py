@@ -187,11 +187,17 @@ _ATTEMPTS = 2
 class Bucket:
     def __init__(self, name: str, prefix: str, *, region: str, credentials: tuple[str, str, str | None],
                  connect_timeout: float, read_timeout: float, endpoint: str | None = None,
-                 cafile: str | None = None) -> None:
+                 cafile: str | None = None, read_buckets: tuple[str, ...] = (),
+                 legacy_prefix: str | None = None) -> None:
         from ..aws.sigv4 import Signer
 
         self.name = name
         self.prefix = prefix
+        # The buckets besides this one whose objects a pointer may name (IDEMPOTENCY_LARGE_RESULTS_READ_BUCKETS).
+        self.read_buckets = read_buckets
+        # With the default prefix, the one objects had before it became per function: read for records completed
+        # before the upgrade (`<legacy><record key>/<owner>`), never written.
+        self.legacy_prefix = legacy_prefix
         self.timeouts = (connect_timeout, read_timeout)
         self.cafile = cafile
         self._signer = Signer(*credentials, region, "s3")
@@ -227,15 +233,26 @@ class Bucket:
     def object_key(self, key: str, owner: str) -> str:
         return f"{self.prefix}{key}/{owner}"
 
+    def object_keys(self, key: str, owner: str) -> tuple[str, ...]:
+        """The keys the object of the record of `key` that `owner` completed may have: `object_key`, and with the
+        default prefix the one written before it became per function."""
+        own = self.object_key(key, owner)
+        if self.legacy_prefix is None or self.legacy_prefix == self.prefix:
+            return (own,)
+        return own, f"{self.legacy_prefix}{key}/{owner}"
+
     def owns(self, pointer: Pointer, key: str, owner: str | None) -> bool:
         """Whether `pointer` names the object the layer writes for the record of `key` that `owner` completed
-        (`<prefix><key>/<owner>`, in whichever bucket): all that purge deletes."""
-        return owner is not None and pointer.object_key == self.object_key(key, owner)
+        (`<prefix><key>/<owner>`, or its legacy form; in whichever bucket): all that purge deletes."""
+        return owner is not None and pointer.object_key in self.object_keys(key, owner)
 
     # -- the three requests -----------------------------------------------------------------------------
 
     def put(self, key: str, owner: str, data: bytes, deadline: Deadline | None = None) -> Pointer:
-        object_key = self.object_key(key, owner)
+        return self.write(self.object_key(key, owner), data, deadline)
+
+    def write(self, object_key: str, data: bytes, deadline: Deadline | None = None) -> Pointer:
+        """`data` as the object `object_key` (a record's result by `put`; doctor's probe)."""
         digest = hashlib.sha256(data).hexdigest()
         self._request("PUT", object_key, data, deadline, {"x-amz-server-side-encryption": "AES256"}, digest)
         return Pointer(object_key, len(data), digest, self.name)
@@ -395,9 +412,11 @@ def _code(answer: bytes) -> str:
     return code.decode("ascii") if re.fullmatch(rb"[A-Za-z0-9_.-]{1,64}", code) else "?"
 
 
-def from_environment(name: str, prefix: str, *, connect_timeout: float, read_timeout: float) -> Bucket:
+def from_environment(name: str, prefix: str, *, connect_timeout: float, read_timeout: float,
+                     read_buckets: tuple[str, ...] = (), legacy_prefix: str | None = None) -> Bucket:
     """The bucket as the function's environment reaches it: AWS_REGION, the credentials Lambda sets, and
-    AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL for a local S3; the CA bundle the DynamoDB client trusts."""
+    AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL for a local S3; the CA bundle the DynamoDB client trusts.
+    `read_buckets` and `legacy_prefix`: what else a pointer may name (`Bucket`)."""
     from ..aws.environment import ca_bundle, function_credentials
 
     # Lambda's environment, else (the CLI) botocore's chain; with none, empty ones, which S3 refuses.
@@ -407,7 +426,8 @@ def from_environment(name: str, prefix: str, *, connect_timeout: float, read_tim
     try:
         return Bucket(name, prefix, region=region, credentials=(access, secret, token),
                       connect_timeout=connect_timeout, read_timeout=read_timeout, endpoint=endpoint,
-                      cafile=ca_bundle(os.environ) if not (endpoint or "").startswith("http:") else None)
+                      cafile=ca_bundle(os.environ) if not (endpoint or "").startswith("http:") else None,
+                      read_buckets=read_buckets, legacy_prefix=legacy_prefix)
     except ValueError as error:  # the endpoint: said as the setting's error, init fails (the CLI: exit 2)
         from ..errors import IdempotencyConfigurationError
 
