@@ -120,7 +120,7 @@ def test_show_result_reads_the_object_the_pointer_names_compressed_or_not(layer_
     assert store.get("orders#z").result.format == "s3:json+z" and store.get("orders#raw").result.format == "s3:bytes"
     client.create_bucket(Bucket=name + "-new")  # the setting moved since: the pointer's bucket is read
     env = cli_env(layer_env.endpoint, table, IDEMPOTENCY_LARGE_RESULTS_BUCKET=name + "-new",
-                  AWS_ENDPOINT_URL_S3=endpoint)
+                  IDEMPOTENCY_LARGE_RESULTS_READ_BUCKETS=name, AWS_ENDPOINT_URL_S3=endpoint)
     shown = run(env, "show", "orders#z", "--result", "--json")
     assert shown.returncode == 0, shown.stderr
     record = json.loads(shown.stdout)["records"][0]
@@ -179,7 +179,7 @@ def test_purge_deletes_the_object_in_the_bucket_its_pointer_names(layer_env: Any
     object_key = _object(store, "orders#old")
     client.create_bucket(Bucket=name + "-new")
     env = cli_env(layer_env.endpoint, table, IDEMPOTENCY_LARGE_RESULTS_BUCKET=name + "-new",
-                  AWS_ENDPOINT_URL_S3=endpoint)
+                  IDEMPOTENCY_LARGE_RESULTS_READ_BUCKETS=name, AWS_ENDPOINT_URL_S3=endpoint)
     done = run(env, "purge", "orders#old", "--yes")
     assert done.returncode == 0, done.stderr
     assert client.list_objects_v2(Bucket=name).get("KeyCount") == 0 and store.get("orders#old") is None

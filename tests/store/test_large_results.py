@@ -188,12 +188,14 @@ def test_an_s3_that_answers_a_few_bytes_at_a_time_is_given_up_by_the_deadline(st
 
 
 def test_a_replay_reads_the_bucket_its_pointer_names(store: Any, bucket: Any, moto: Any) -> None:
+    """After the setting moved, with the old bucket on the read allow-list (IDEMPOTENCY_LARGE_RESULTS_READ_BUCKETS);
+    tests/store/test_large_result_pointers.py: without it, nothing is read."""
     ours, client = bucket
     handler = Handler(os.urandom(600 * 1024))
     Cycle(store, ttl_seconds=3600, bucket=ours).run(Invocation(LONG), "fn#moved", handler)
     client.create_bucket(Bucket=ours.name + "-new")
     moved = Bucket(ours.name + "-new", "idempotency-results/", region="us-east-1", credentials=CREDENTIALS,
-                   connect_timeout=2, read_timeout=10, endpoint=moto.endpoint)
+                   connect_timeout=2, read_timeout=10, endpoint=moto.endpoint, read_buckets=(ours.name,))
     again = Cycle(store, ttl_seconds=3600, bucket=moved).run(Invocation(LONG), "fn#moved", handler)
     assert again.replayed and again.value == handler.result and handler.calls == 1
 

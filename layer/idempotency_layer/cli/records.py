@@ -85,7 +85,7 @@ def facts(record: Record, now: float, with_result: bool, bucket: Any = None) -> 
     if result is not None and result.format.startswith(codec.STORED):
         shown["result_object"] = _stored_at(result, bucket)
     if with_result:
-        shown["result"] = _decoded(result, bucket)
+        shown["result"] = _decoded(record.key, result, bucket)
     return shown
 
 
@@ -97,19 +97,19 @@ def _stored_at(result: codec.Encoded, bucket: Any) -> dict[str, Any] | None:
     return {"bucket": found.bucket, "key": found.object_key, "size": found.size, "sha256": found.sha256}
 
 
-def _fetched(result: codec.Encoded, bucket: Any) -> codec.Encoded | dict[str, Any]:
-    """The result a pointer stands for, read and checked as a replay reads it (the bucket's `look`), or why it
-    cannot be."""
-    fetched = readable(bucket).look(result)
+def _fetched(key: str, result: codec.Encoded, bucket: Any) -> codec.Encoded | dict[str, Any]:
+    """The result the pointer of the record of `key` stands for, read and checked as a replay reads it (the
+    bucket's `look`: a pointer outside the layer's bucket, prefix or size is not followed), or why it cannot be."""
+    fetched = readable(bucket).look(key, result)
     if isinstance(fetched, codec.Encoded):
         return fetched
     problem, code = fetched
     return {"none": f"not shown: {clean(problem)}", "error": code}
 
 
-def _decoded(result: codec.Encoded | None, bucket: Any = None) -> Any:
+def _decoded(key: str, result: codec.Encoded | None, bucket: Any = None) -> Any:
     if result is not None and result.format.startswith(codec.STORED):
-        fetched = _fetched(result, bucket)
+        fetched = _fetched(key, result, bucket)
         if isinstance(fetched, dict):
             return fetched
         result = fetched
@@ -235,8 +235,9 @@ def _url(bucket: str | None, object_key: str) -> str:
 
 def _result_object(record: Record, key: str, bucket: Any, force: bool) -> tuple[Any, dict[str, Any] | None]:
     """The pointer of the object to delete with the record (None: none), or, under `force`, what is left and why.
-    Only the object the layer writes for this record (the bucket's `owns`) is deleted: a malformed pointer, or one
-    naming any other key, refuses the purge before anything is deleted."""
+    Only the object the layer writes for this record is deleted: in the setting's bucket or one on the read
+    allow-list, `<prefix><key>/<32 hex>` (or its legacy form) of the record's owner (the bucket's `confinement` and
+    `owns`); a malformed pointer, or one naming anything else, refuses the purge before anything is deleted."""
     result = record.result
     if result is None or not result.format.startswith(codec.STORED):
         return None, None
@@ -247,10 +248,14 @@ def _result_object(record: Record, key: str, bucket: Any, force: bool) -> tuple[
     if bucket is None:
         return _left(key, force, found, f"its result is in {where}, and IDEMPOTENCY_LARGE_RESULTS_BUCKET is not set "
                                         "here, so purge cannot delete it")
-    if not bucket.owns(found, key, record.owner):
-        return _left(key, force, found, f"its result's pointer names {where}, not the object this layer writes for "
-                                        f"the record ({clean(bucket.object_key(key, record.owner or '?'))}, under "
-                                        "IDEMPOTENCY_LARGE_RESULTS_PREFIX): purge deletes no other object")
+    # Only the layer's own form, as a replay follows it (the bucket, `<prefix><key>/<32 hex>`, the size), and
+    # that run's: the record's owner.
+    problem = bucket.confinement(found, key)
+    if problem is None and not bucket.owns(found, key, record.owner):
+        problem = "its object is not the one the record's own run wrote"
+    if problem is not None:
+        return _left(key, force, found, f"pointer outside the layer's prefix: {where} ({problem}); purge deletes "
+                                        "no other object")
     return found, None
 
 
