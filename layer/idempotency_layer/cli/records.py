@@ -254,7 +254,7 @@ def _result_object(record: Record, key: str, bucket: Any, force: bool) -> tuple[
     if problem is None and not bucket.owns(found, key, record.owner):
         problem = "its object is not the one the record's own run wrote"
     if problem is not None:
-        return _left(key, force, found, f"pointer outside the layer's prefix: {where} ({problem}); purge deletes "
+        return _left(key, force, found, f"pointer outside the layer's prefix: {where}: {problem}; purge deletes "
                                         "no other object")
     return found, None
 

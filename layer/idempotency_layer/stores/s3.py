@@ -113,8 +113,8 @@ def confinement(pointer: Pointer, key: str, *, bucket: str, prefix: str, legacy_
         start = f"{base}{key}/"
         if pointer.object_key.startswith(start) and _OWNER.fullmatch(pointer.object_key[len(start):]):
             return None
-    return (f"its object key is not the one this layer writes for the record ({prefix}{key}/<owner: 32 hex>, "
-            "under IDEMPOTENCY_LARGE_RESULTS_PREFIX)")
+    return (f"its object key is not the one this layer writes for the record, {prefix}{key}/<owner: 32 hex> "
+            "(IDEMPOTENCY_LARGE_RESULTS_PREFIX, the record key, the owner)")
 
 
 def stored(pointer: Pointer, form: str) -> codec.Encoded:
