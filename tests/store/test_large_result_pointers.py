@@ -10,6 +10,7 @@ the forged pointer, on every store; the replay then goes through the real bucket
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import socket
 import threading
@@ -196,3 +197,60 @@ def test_an_answer_of_another_length_than_the_pointers_is_refused(store: Any) ->
 
 def test_the_cap_is_above_what_lambda_can_answer() -> None:
     assert 6 * 1024 * 1024 < MAX_OBJECT_BYTES == 8 * 1024 * 1024
+
+
+def test_an_http_request_whose_record_points_elsewhere_is_answered_503_and_runs_nothing(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch, layer_env: Any, table: str, ddb_client: Any,
+        counted: Any) -> None:
+    """E2.3 of the review through the interceptor: a request completed with a large body, its record then forged to
+    point to another bucket's object (as one who may write the table can): the copy is answered 503, the handler
+    does not run again, and S3 gets no byte."""
+    import importlib
+    import sys
+    import time
+
+    from idempotency_layer.config import Attributes
+    from idempotency_layer.stores.dynamodb.store import DynamoDBStore
+    from tests.conftest import build_transport
+    from tests.support.http_events import v2
+    from tests.support.inprocess import Function
+
+    name, _, proxy = counted
+    (tmp_path / "pointer_app.py").write_text("def handler(event, context):\n    return event\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for variable, value in {"AWS_LAMBDA_FUNCTION_NAME": "fn", "IDEMPOTENCY_ORIGINAL_HANDLER": "pointer_app.handler",
+                            "IDEMPOTENCY_TABLE": table, "IDEMPOTENCY_LARGE_RESULTS_BUCKET": name,
+                            "AWS_ENDPOINT_URL_S3": proxy.endpoint}.items():
+        monkeypatch.setenv(variable, value)
+    sys.modules.pop("idempotency_layer.interceptor", None)
+    try:
+        function = Function(importlib.import_module("idempotency_layer.interceptor"))
+        body = os.urandom(700 * 1024).hex()
+        function.user = lambda event, context: {"statusCode": 200, "body": body}
+        event = v2("POST", "/orders", {"idempotency-key": "k-42", "content-type": "application/json"}, "{}")
+        assert function(event)["statusCode"] == 200 and len(function.runs) == 1
+        replayed = function(event)  # the record as the layer wrote it: replayed
+        assert replayed["statusCode"] == 200 and replayed["body"] == body and len(function.runs) == 1
+        store = DynamoDBStore(build_transport("lean", connect_timeout=2, read_timeout=5, max_attempts=2), table,
+                              Attributes())
+        (key,) = [item["id"]["S"] for item in ddb_client.scan(TableName=table, ConsistentRead=True)["Items"]]
+        record = store.get(key)
+        assert record is not None and record.result is not None and record.owner is not None
+        assert record.result.format.startswith(codec.STORED)
+        owner, form = record.owner, record.result.format
+
+        def plant(data: str) -> None:  # the record completed anew with `data` as its pointer
+            now = time.time()
+            assert store.purge(key, record.status, owner)
+            assert store.claim(key, owner, now, int((now + 300) * 1000), int(now + 3600), record.fingerprint) is None
+            assert store.complete(key, owner, codec.Encoded(form, data), int(now + 3600))
+
+        plant(str(record.result.data))  # planted as written: still replayed (what the forgery alone changes)
+        assert function(event)["body"] == body and len(function.runs) == 1
+        plant(Pointer(f"{PREFIX}{key}/{owner}", 100, SHA, "tenant-b-private").text())
+        proxy.reset()
+        answer = function(event)
+        assert answer["statusCode"] == 503 and body[:64] not in json.dumps(answer), answer
+        assert len(function.runs) == 1 and proxy.total() == 0 and proxy.bytes_sent == 0
+    finally:
+        sys.modules.pop("idempotency_layer.interceptor", None)

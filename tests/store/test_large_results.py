@@ -232,3 +232,7 @@ def test_a_record_completed_before_the_per_function_prefix_replays_after_the_upg
     owner = store.get("fn#after").owner
     assert json.loads(store.get("fn#after").result.data)["key"] == f"idempotency-results/fn/fn#after/{owner}"
     client.head_object(Bucket=old.name, Key=f"idempotency-results/fn/fn#after/{owner}")
+    explicit = _opened(moto, monkeypatch, old.name, IDEMPOTENCY_LARGE_RESULTS_PREFIX="results/fn/")
+    with pytest.raises(IdempotencyPersistenceLayerError, match="its object key is not") as raised:
+        Cycle(store, ttl_seconds=3600, bucket=explicit).run(Invocation(LONG), "fn#before", handler)
+    assert raised.value.permanent and handler.calls == 1  # an explicit prefix reads only its own objects
