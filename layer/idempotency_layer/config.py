@@ -34,6 +34,7 @@ _STREAM_FAILURES = ("checkpoint", "records")
 _BATCH_RESPONSES = ("partial", "fail")  # fail: the mapping ignores partial batch responses
 _BATCH_PRECHECKS = ("auto", "always", "never")
 _HTTP_MODES = ("auto", "off")
+_HTTP_ANONYMOUS = ("separate", "shared")
 _DURABLE_MODES = ("pass", "execution")
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")  # an HTTP token
 
@@ -88,6 +89,9 @@ if TYPE_CHECKING:
         large_results_read_buckets: tuple[str, ...] = ()
         store: str = "dynamodb"  # IDEMPOTENCY_STORE: "dynamodb" or "valkey"
         valkey: Valkey | None = None  # IDEMPOTENCY_VALKEY_URL when the store is valkey
+        # IDEMPOTENCY_HTTP_ANONYMOUS=shared: a response that sets a cookie is stored for anonymous callers too (they
+        # share one scope per key); False (separate): it is not, so no caller is replayed another's cookie
+        http_anonymous_shared: bool = False
 else:
     _ConfigFields = namedtuple("Config", (
         "disabled",
@@ -126,8 +130,9 @@ else:
         "large_results_read_buckets",
         "store",
         "valkey",
+        "http_anonymous_shared",
     ), defaults=(False, "Idempotency", None, None, False, "auto", None, False, None, "idempotency-results/",
-                 (), "dynamodb", None))
+                 (), "dynamodb", None, False))
 
 
 class Config(_ConfigFields):
@@ -232,6 +237,7 @@ _DECIDED = (
     ("metrics", "IDEMPOTENCY_METRICS", _METRICS, "off", "emf"),
     ("fail_whole_batch", "IDEMPOTENCY_BATCH_RESPONSE", _BATCH_RESPONSES, "partial", "fail"),
     ("durable_executions", "IDEMPOTENCY_DURABLE", _DURABLE_MODES, "pass", "execution"),
+    ("http_anonymous_shared", "IDEMPOTENCY_HTTP_ANONYMOUS", _HTTP_ANONYMOUS, "separate", "shared"),
 )
 
 

@@ -251,12 +251,33 @@ class Executor:
         inv.describe(HTTP, key)
         try:
             outcome = self.cycle.run(inv, key, partial(self.handler, event, context), unit.fingerprint,
-                                     results=results, keep=lambda response: http.storable(request, response, key))
+                                     results=results, keep=partial(self._keeps, request, key))
         except IdempotencyError as error:
             return http.answer(request, error, key, self.settings.payload_jmespath)
         if not outcome.replayed:
             return outcome.value
         return http.mark_replayed(request, outcome.value, values.text)  # text: for an earlier version's record
+
+    def _keeps(self, request: Any, key: str, response: Any) -> bool:
+        """Whether the handler's `response` to `request` is stored: not a server error (`http.storable`), and no
+        cookie set for an anonymous caller (under IDEMPOTENCY_HTTP_ANONYMOUS=separate): every caller the request
+        does not tell apart shares the key's scope, so a stored cookie would be replayed to another one."""
+        from .sources import http
+
+        if not http.storable(request, response, key):
+            return False
+        if (self.settings.http_anonymous_shared or not http.sets_cookie(request, response)
+                or not http.anonymous(request, self.settings.caller_headers)):
+            return True
+        if "anonymous cookie" not in self.said:
+            self.said.add("anonymous cookie")
+            logger.warning("a response that sets a cookie (Set-Cookie, or payload 2.0's cookies) to a caller the "
+                           "request does not name (no authorizer, none of IDEMPOTENCY_CALLER_HEADERS) is not "
+                           "stored: it would be replayed to anyone sending the same key, so a retry runs again; name "
+                           "the caller (an authorizer, or IDEMPOTENCY_CALLER_HEADERS), or set "
+                           "IDEMPOTENCY_HTTP_ANONYMOUS=shared (said once per environment)",
+                           extra=fields(key, "released"))
+        return False
 
     # -- batches ------------------------------------------------------------------------------------------------
 

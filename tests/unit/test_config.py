@@ -60,6 +60,7 @@ def test_false_booleans(text):
         ("IDEMPOTENCY_STREAM_FAILURES", "record", "checkpoint, records"),
         ("IDEMPOTENCY_STREAM_FAILURES", "first", "checkpoint, records"),
         ("IDEMPOTENCY_HTTP", "on", "auto, off"),
+        ("IDEMPOTENCY_HTTP_ANONYMOUS", "isolated", "separate, shared"),
         ("IDEMPOTENCY_KEY_HEADER", "Idempotency Key", "not an HTTP header name"),
         ("IDEMPOTENCY_CALLER_HEADERS", "Authorization, X User", "'X User' is not an HTTP header name"),
         ("IDEMPOTENCY_CALLER_HEADERS", "authorization,", "'' is not an HTTP header name"),
@@ -207,6 +208,12 @@ def test_caller_headers_are_a_lower_cased_list_without_repeats():
     assert load(BASE).caller_headers == ()
     config = load({**BASE, "IDEMPOTENCY_CALLER_HEADERS": " Authorization , X-Api-Key,authorization "})
     assert config.caller_headers == ("authorization", "x-api-key")
+
+
+def test_anonymous_http_callers_are_kept_apart_unless_told_to_share():
+    assert load(BASE).http_anonymous_shared is False
+    assert load({**BASE, "IDEMPOTENCY_HTTP_ANONYMOUS": "separate"}).http_anonymous_shared is False
+    assert load({**BASE, "IDEMPOTENCY_HTTP_ANONYMOUS": "Shared"}).http_anonymous_shared is True
 
 
 def test_caller_headers_under_http_off_fail_init_instead_of_being_ignored():

@@ -94,3 +94,25 @@ def test_caller_headers_scope_the_key_in_any_case_and_leave_it_as_it_was_when_un
     assert http.key_material(rest, "k", ("authorization",))[-1] == [["Bearer alice"]]
     anonymous = http.parse(V2)
     assert http.key_material(anonymous, "k", ("authorization",))[-1] == [None]  # anonymous callers share a scope
+
+
+@pytest.mark.parametrize(("event", "response", "sets"), [
+    (REST, {"statusCode": 200, "headers": {"SET-COOKIE": "a=1"}}, True),
+    (REST, {"statusCode": 200, "multiValueHeaders": {"Set-Cookie": ["a=1", "b=2"]}}, True),
+    (ALB, {"statusCode": 200, "headers": {"set-cookie": "a=1"}}, True),
+    (V2, {"statusCode": 200, "cookies": ["a=1"]}, True),
+    (V2, {"statusCode": 200, "cookies": []}, False),
+    (REST, {"statusCode": 200, "cookies": ["a=1"]}, False),  # REST ignores a cookies list: nothing is set
+    (V2, {"statusCode": 200, "headers": {"X-Set-Cookie": "a=1", "Cookie": "b=2"}}, False),
+    (V2, {"headers": {"set-cookie": "a=1"}}, False),  # no statusCode: payload 2.0 sends it as the body
+    (REST, "text", False),
+])
+def test_what_sets_a_cookie(event, response, sets):
+    assert http.sets_cookie(http.parse(event), response) is sets
+
+
+def test_an_anonymous_request_names_no_caller_and_carries_no_caller_header():
+    alb = http.parse({**ALB, "headers": {"idempotency-key": "k", "authorization": "Bearer x"}})
+    assert http.anonymous(alb, ()) and http.anonymous(alb, ("cookie",))
+    assert not http.anonymous(alb, ("cookie", "authorization"))
+    assert not http.anonymous(http.parse(REST), ())  # its authorizer names the caller

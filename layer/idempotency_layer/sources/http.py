@@ -297,6 +297,26 @@ def storable(request: Request, response: Any, key: str) -> bool:
     return status < 500
 
 
+def anonymous(request: Request, caller_headers: tuple[str, ...]) -> bool:
+    """Whether nothing scopes the request's key to its caller: no authorizer, IAM, mTLS or ALB identity names one,
+    and it carries none of `caller_headers` (IDEMPOTENCY_CALLER_HEADERS, lower-cased). Every such caller shares
+    one scope per key."""
+    return request.caller is None and not any(name in request.headers for name in caller_headers)
+
+
+def sets_cookie(request: Request, response: Any) -> bool:
+    """Whether `response` sets a cookie: a `Set-Cookie` header in any case, in `headers` or `multiValueHeaders`,
+    or payload 2.0's `cookies` list. A value that is not a response object sets none (payload 2.0 sends it as
+    the body; REST and ALB answer it 502)."""
+    if not isinstance(response, dict) or "statusCode" not in response:
+        return False
+    for part in ("headers", "multiValueHeaders"):
+        found = response.get(part)
+        if isinstance(found, dict) and any(isinstance(name, str) and name.lower() == "set-cookie" for name in found):
+            return True
+    return request.form == "v2" and bool(response.get("cookies"))
+
+
 def _unanswerable(response: Any) -> str:
     if not isinstance(response, dict):
         return f"a {type(response).__name__}, not an object"
