@@ -136,8 +136,10 @@ class Executor:
             return self._batch(plan, event, context, inv)
         return self._whole(plan, event, context, inv)
 
-    def _say(self, plan: Plan) -> None:
+    def _say(self, plan: Plan, inv: Invocation) -> None:
         for note in plan.notes:
+            if note.count is not None:
+                inv.count(note.count)
             if note.once is not None:
                 if note.once in self.said:
                     continue
@@ -164,7 +166,7 @@ class Executor:
         if plan.refusal is not None:  # answered, not raised: a raise would have the service invoke it again
             logger.warning("%s", plan.refusal, extra=fields(None, "not_claimed"))
             return durable.failed(plan.refusal)
-        self._say(plan)
+        self._say(plan, inv)
         key = unit.key
         if key is None:
             inv.count("PassThroughs")
@@ -217,7 +219,7 @@ class Executor:
     def _whole(self, plan: Plan, event: Any, context: Any, inv: Invocation) -> Any:
         if plan.refusal is not None:
             raise plan.refusal
-        self._say(plan)
+        self._say(plan, inv)
         unit = plan.units[0]
         if unit.key is None:
             inv.count("PassThroughs")
@@ -234,7 +236,7 @@ class Executor:
         request = plan.request
         if plan.refusal is not None:
             return http.problem(request, 400, str(plan.refusal))
-        self._say(plan)
+        self._say(plan, inv)
         unit = plan.units[0]
         key = unit.key
         if key is None:
@@ -287,7 +289,7 @@ class Executor:
         batch = plan.batch
         inv.describe(BATCH, records=len(batch.records))
         self.cycle.check()
-        self._say(plan)
+        self._say(plan, inv)
         if self.earlier is not None and "powertools batch" not in self.said:
             self.said.add("powertools batch")
             logger.warning("IDEMPOTENCY_POWERTOOLS_HANDLER reads Powertools' records of whole events only: this "

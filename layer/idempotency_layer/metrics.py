@@ -49,6 +49,7 @@ COUNTS = (
     "LargeResults",
     "LargeResultFailures",
     "StoreErrors",
+    "AnonymousScope",
 )
 SOURCES = ("event", "batch", "http", "durable", "execution")
 DIMENSIONS = ("FunctionName", "Source")
@@ -88,6 +89,7 @@ _WORDS = {
     "LargeResults": "result(s) in the bucket", "LargeResultFailures": "bucket write failure(s)",
     "WaitsReplayed": "wait(s) ended in a replay", "WaitsClaimed": "wait(s) ended in a claim",
     "WaitsTimedOut": "wait(s) timed out",
+    "AnonymousScope": "anonymous scope",
 }
 
 

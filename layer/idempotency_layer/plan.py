@@ -60,12 +60,15 @@ if TYPE_CHECKING:
         key: str | None = None
         outcome: str | None = None
         once: str | None = None  # said once per environment under this name
+        count: str | None = None  # a count added to the invocation's tally each time, said or not
 else:
-    _NoteFields = namedtuple("Note", ("level", "message", "key", "outcome", "once"), defaults=(None, None, None))
+    _NoteFields = namedtuple("Note", ("level", "message", "key", "outcome", "once", "count"),
+                             defaults=(None, None, None, None))
 
 
 class Note(_NoteFields):
-    """A line the plan asks to be logged: `level` a logging level, `key` and `outcome` its fields."""
+    """A line the plan asks to be logged: `level` a logging level, `key` and `outcome` its fields; `count`, a
+    metric it adds to (`metrics.COUNTS`) every time it is carried out, when it is said only once."""
     __slots__ = ()
 
 

@@ -96,3 +96,33 @@ def test_a_named_caller_or_a_response_without_a_cookie_is_stored(build) -> None:
     for _ in range(2):
         plain(_request("v2", "alice", "e3-plain"))
     assert len(plain.runs) == 1
+
+
+def test_an_anonymous_keyed_request_with_credentials_is_said_once_and_counted_each_time(build, caplog, capsys) -> None:
+    # T-M1.3: a function that reads Authorization itself, IDEMPOTENCY_CALLER_HEADERS unset.
+    function = build(IDEMPOTENCY_KEY_JMESPATH=None)
+    caplog.set_level(logging.WARNING, logger="idempotency_layer")
+    capsys.readouterr()
+    for n in range(3):
+        headers = {"Idempotency-Key": f'"m13-{n}"', "Authorization": "Bearer secret-token-of-alice"}
+        assert function(v2("POST", "/orders", headers, "{}"))["ok"] is True
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    said = warnings[0].getMessage()
+    assert "Authorization" in said and "IDEMPOTENCY_CALLER_HEADERS" in said and "secret-token" not in caplog.text
+    docs = _metrics_tests.documents(capsys, 3)
+    assert [doc.get("AnonymousScope") for doc in docs] == [1, 1, 1]
+    assert len(function.runs) == 3
+
+
+def test_credentials_in_the_scope_or_no_credentials_are_not_counted(build, caplog, capsys) -> None:
+    named = build(IDEMPOTENCY_KEY_JMESPATH=None, IDEMPOTENCY_CALLER_HEADERS="Authorization")
+    caplog.set_level(logging.WARNING, logger="idempotency_layer")
+    capsys.readouterr()
+    named(v2("POST", "/orders", {"Idempotency-Key": '"m13-named"', "Authorization": "Bearer a"}, "{}"))
+    plain = build(IDEMPOTENCY_KEY_JMESPATH=None)
+    plain(v2("POST", "/orders", {"Idempotency-Key": '"m13-plain"'}, "{}"))
+    plain(v2("POST", "/orders", {"Authorization": "Bearer a"}, "{}"))  # no key: nothing is shared
+    docs = _metrics_tests.documents(capsys, 3)
+    assert all("AnonymousScope" not in doc for doc in docs), docs
+    assert not [r for r in caplog.records if "scoped to no caller" in r.getMessage()]

@@ -412,6 +412,14 @@ def plan(settings: Any, keys: KeyDeriver, request: Request, event: Any) -> Plan:
                               "environment and format); if your callers always send it, it does not reach the "
                               "function in this format", key, once=f"caller header {request.form} {name}")
         for name in settings.caller_headers if name not in request.headers)
+    carried = [name for name in ("Authorization", "Cookie") if name.lower() in request.headers]
+    if carried and anonymous(request, settings.caller_headers):
+        notes += (Note(logging.WARNING, f"an HTTP request carries {' and '.join(carried)} but its key is scoped to no "
+                                        "caller (no authorizer names one, and IDEMPOTENCY_CALLER_HEADERS does not "
+                                        "name the header): every caller sending the same key shares its response; if "
+                                        "the function authenticates callers by it, name it in "
+                                        "IDEMPOTENCY_CALLER_HEADERS (said once per environment, counted as "
+                                        "AnonymousScope)", key, once="anonymous scope", count="AnonymousScope"),)
     return Plan(HTTP, (Unit(key, fingerprint),), request=request, notes=notes)
 
 
