@@ -35,6 +35,7 @@ _BATCH_RESPONSES = ("partial", "fail")  # fail: the mapping ignores partial batc
 _BATCH_PRECHECKS = ("auto", "always", "never")
 _HTTP_MODES = ("auto", "off")
 _HTTP_ANONYMOUS = ("separate", "shared")
+_HTTP_PREVIOUS_KEYS = ("consult", "off")
 _DURABLE_MODES = ("pass", "execution")
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")  # an HTTP token
 
@@ -92,6 +93,9 @@ if TYPE_CHECKING:
         # IDEMPOTENCY_HTTP_ANONYMOUS=shared: a response that sets a cookie is stored for anonymous callers too (they
         # share one scope per key); False (separate): it is not, so no caller is replayed another's cookie
         http_anonymous_shared: bool = False
+        # IDEMPOTENCY_HTTP_PREVIOUS_KEYS=consult: a first run of an HTTP request also reads the record under the key
+        # it had before the API and stage were part of keys (one read); False (off): never read
+        http_previous_keys: bool = True
 else:
     _ConfigFields = namedtuple("Config", (
         "disabled",
@@ -131,8 +135,9 @@ else:
         "store",
         "valkey",
         "http_anonymous_shared",
+        "http_previous_keys",
     ), defaults=(False, "Idempotency", None, None, False, "auto", None, False, None, "idempotency-results/",
-                 (), "dynamodb", None, False))
+                 (), "dynamodb", None, False, True))
 
 
 class Config(_ConfigFields):
@@ -238,6 +243,7 @@ _DECIDED = (
     ("fail_whole_batch", "IDEMPOTENCY_BATCH_RESPONSE", _BATCH_RESPONSES, "partial", "fail"),
     ("durable_executions", "IDEMPOTENCY_DURABLE", _DURABLE_MODES, "pass", "execution"),
     ("http_anonymous_shared", "IDEMPOTENCY_HTTP_ANONYMOUS", _HTTP_ANONYMOUS, "separate", "shared"),
+    ("http_previous_keys", "IDEMPOTENCY_HTTP_PREVIOUS_KEYS", _HTTP_PREVIOUS_KEYS, "consult", "consult"),
 )
 
 

@@ -125,13 +125,17 @@ if TYPE_CHECKING:
         completed: bool
         value: Any = None
         mismatch: bool = False
+        ours: bool = False
 else:
-    _EarlierFields = namedtuple("Earlier", ("said", "completed", "value", "mismatch"), defaults=(None, False))
+    _EarlierFields = namedtuple("Earlier", ("said", "completed", "value", "mismatch", "ours"),
+                                defaults=(None, False, False))
 
 
 class Earlier(_EarlierFields):
     """What a record another tool wrote says of a key this layer has just claimed (a migration): its result
-    (`completed`), a live claim of its own, or a payload that differs (`mismatch`); `said` names that record."""
+    (`completed`), a live claim of its own, or a payload that differs (`mismatch`); `said` names that record.
+    `ours`: the record is this layer's own, under the key the event had before an upgrade (`previous`): its
+    result is kept as a handler's is (one too large for a record goes to the large-results bucket)."""
     __slots__ = ()
 
 
@@ -516,7 +520,10 @@ class Cycle:
                 raise IdempotencyPayloadMismatchError(f"key {key!r}: {found.said} was written for another payload")
             inv.count("InProgressConflicts")
             raise IdempotencyAlreadyInProgressError(f"key {key!r}: {found.said} is in progress")
-        delivered, result = self.keeper.adopt(found.value, results)
+        if found.ours:
+            delivered, result = self.keeper.encode(inv, key, found.value, results, owner, _requests_by(inv.deadline))
+        else:
+            delivered, result = self.keeper.adopt(found.value, results)
         self.complete(inv, key, owner, result)
         inv.count("Replays")
         logger.info("key %r: replayed %s, now kept as this layer's record", key, found.said,

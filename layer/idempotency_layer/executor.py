@@ -138,8 +138,8 @@ class Executor:
 
     def _say(self, plan: Plan, inv: Invocation) -> None:
         for note in plan.notes:
-            if note.count is not None:
-                inv.count(note.count)
+            if note.metric is not None:
+                inv.count(note.metric)
             if note.once is not None:
                 if note.once in self.said:
                     continue
@@ -251,14 +251,28 @@ class Executor:
         # is the text the runtime sent the first time, whatever a later runtime's marshaller would write.
         results = values.shaped(lambda value, text: http.explicit(request, value, lambda _: text))
         inv.describe(HTTP, key)
+        earlier = None if unit.previous is None else self._previous(request, unit, results)
         try:
             outcome = self.cycle.run(inv, key, partial(self.handler, event, context), unit.fingerprint,
-                                     results=results, keep=partial(self._keeps, request, key))
+                                     results=results, keep=partial(self._keeps, request, key), earlier=earlier)
         except IdempotencyError as error:
             return http.answer(request, error, key, self.settings.payload_jmespath)
         if not outcome.replayed:
             return outcome.value
         return http.mark_replayed(request, outcome.value, values.text)  # text: for an earlier version's record
+
+    def _previous(self, request: Any, unit: Any, results: Any) -> Callable[[Any], Any]:
+        """The read of the record under the request's previous key (`previous.reader`): a stored response that
+        sets a cookie for an anonymous caller is as none, since this version would not have stored it."""
+        from .previous import reader
+        from .sources import http
+
+        def withheld(response: Any) -> bool:
+            return (not self.settings.http_anonymous_shared and http.sets_cookie(request, response)
+                    and http.anonymous(request, self.settings.caller_headers))
+
+        cycle = self.cycle
+        return reader(cycle.store, cycle.keeper, unit.previous, unit.fingerprint, results, cycle.clock, withheld)
 
     def _keeps(self, request: Any, key: str, response: Any) -> bool:
         """Whether the handler's `response` to `request` is stored: not a server error (`http.storable`), and no

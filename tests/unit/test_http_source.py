@@ -79,9 +79,15 @@ def test_the_replay_marker_replaces_the_handlers_own_in_any_case():
     assert marked["headers"] == {"Idempotent-Replayed": "true"}
 
 
-def test_the_key_names_the_source_method_route_and_caller():
-    request = http.parse(V2)
-    assert http.key_material(request, "k") == ["k", "v2", "POST", "POST /orders", request.caller]
+def test_the_key_names_the_source_api_stage_method_route_and_caller():
+    request = http.parse({**V2, "requestContext": {**V2["requestContext"], "stage": "prod"}})
+    assert http.key_material(request, "k") == ["k", "v2", ["api", "prod"], "POST", "POST /orders", request.caller]
+    assert http.key_material(http.parse(REST), "k")[2] == ["api", None]
+    assert http.key_material(http.parse(ALB), "k")[2] == ["arn"]  # ALB: its target group
+    # The previous material, as versions before the API and stage counted computed it (their retries' records).
+    assert http.previous_key_material(request, "k") == ["k", "v2", "POST", "POST /orders", request.caller]
+    assert http.previous_key_material(request, "k", ("authorization",)) == [
+        "k", "v2", "POST", "POST /orders", request.caller, [None]]
 
 
 def test_caller_headers_scope_the_key_in_any_case_and_leave_it_as_it_was_when_unset():

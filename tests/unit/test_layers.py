@@ -25,7 +25,7 @@ ROWS = {
     "sources": 55,
     "sources.http": 50, "sources.batch": 50,
     "sources.kafka": 45, "sources.mq": 45,
-    "sources.records": 42, "sources.redelivery": 42, "sources.durable": 42, "powertools": 42,
+    "sources.records": 42, "sources.redelivery": 42, "sources.durable": 42, "powertools": 42, "previous": 42,
     "cycle": 40,
     "keeping": 38, "precheck": 38,
     "invocation": 35,

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
         headers: dict[str, list[str]]  # lower-cased names, every value
         multi: bool  # the request came with multiValueHeaders: the response must use them too (ALB requires it)
         caller: str | None  # who is calling (canonical JSON), when an authorizer, IAM, mTLS or ALB named anyone
+        origin: list[str | None]  # what it came through: the API and its stage (REST, payload 2.0); ALB's target group
 else:
     _RequestFields = namedtuple("Request", (
         "form",
@@ -60,6 +61,7 @@ else:
         "headers",
         "multi",
         "caller",
+        "origin",
     ))
 
 
@@ -159,6 +161,14 @@ def _caller(event: dict[str, Any], form: str, headers: dict[str, list[str]]) -> 
     return _canonical(found) if found else None
 
 
+def _origin(context: dict[str, Any], form: str) -> list[str | None]:
+    """The API and stage (REST, payload 2.0: a Function URL's is its url-id and `$default`), or ALB's target group,
+    the request came through: a test stage or a second API invoking the same function is another scope."""
+    if form == "alb":
+        return [_text(context["elb"].get("targetGroupArn"))]
+    return [_text(context.get("apiId")), _text(context.get("stage"))]
+
+
 def parse(event: Any) -> Request | None:
     """The HTTP request `event` is, or None when it has no HTTP source's shape."""
     if not isinstance(event, dict) or not isinstance(event.get("requestContext"), dict):
@@ -187,7 +197,7 @@ def parse(event: Any) -> Request | None:
         return None
     headers, multi = _headers(event, form)
     return Request(form, method.upper(), route, path, query, event.get("body"), headers, multi,
-                   _caller(event, form, headers))
+                   _caller(event, form, headers), _origin(context, form))
 
 
 def _bare(value: str) -> bool:
@@ -239,9 +249,18 @@ def key_header(request: Request, name: str) -> str | None:
 
 
 def key_material(request: Request, value: Any, caller_headers: tuple[str, ...] = ()) -> list[Any]:
-    """What the stored key is made of: one caller's key for one route of one source, never another caller's.
-    `caller_headers` (IDEMPOTENCY_CALLER_HEADERS, lower-cased) name the caller too: every value of each, or
-    null for one the request does not carry. Unset, the key is what it was before the setting existed."""
+    """What the stored key is made of: one caller's key for one route of one API stage (or ALB target group) of
+    one source, never another caller's. `caller_headers` (IDEMPOTENCY_CALLER_HEADERS, lower-cased) name the caller
+    too: every value of each, or null for one the request does not carry."""
+    material = previous_key_material(request, value, caller_headers)
+    material.insert(2, request.origin)  # (a list where the previous material has the method: the two never meet)
+    return material
+
+
+def previous_key_material(request: Request, value: Any, caller_headers: tuple[str, ...] = ()) -> list[Any]:
+    """What the stored key was made of before the API, stage and target group were part of it: the request's key
+    then, consulted by a first run for one TTL after the upgrade (IDEMPOTENCY_HTTP_PREVIOUS_KEYS). Unset,
+    `caller_headers` leave the key what it was before that setting existed."""
     material = [value, request.form, request.method, request.route, request.caller]
     if caller_headers:
         material.append([request.headers.get(name) for name in caller_headers])
@@ -362,6 +381,14 @@ def request_key(keys: KeyDeriver, settings: Any, request: Request, event: Any) -
     """The key and fingerprint of `request`, or (None, None) when it has no key; raises HeaderError or
     IdempotencyKeyError. `settings`: the configuration (or a runner), for key_header, key_jmespath,
     payload_jmespath and caller_headers. Side-effect free: the operator CLI derives keys with it too."""
+    key, fingerprint, _ = request_keys(keys, settings, request, event)
+    return key, fingerprint
+
+
+def request_keys(keys: KeyDeriver, settings: Any, request: Request, event: Any
+                 ) -> tuple[str | None, str | None, str | None]:
+    """`request_key`'s key and fingerprint, and the request's previous key (`previous_key_material`) when
+    IDEMPOTENCY_HTTP_PREVIOUS_KEYS consults it, else None."""
     header = key_header(request, settings.key_header)
     # The header's value, else what the key expression selects; tagged, so the two never meet.
     value: list[Any] | None = None if header is None else ["header", header]
@@ -369,11 +396,14 @@ def request_key(keys: KeyDeriver, settings: Any, request: Request, event: Any) -
         selected = keys.select(event)
         value = None if is_empty(selected) else ["expression", selected]
     if value is None:
-        return None, None  # the whole-event key would make every retry new: requests carry ids
+        return None, None, None  # the whole-event key would make every retry new: requests carry ids
     key = keys.key_of(key_material(request, value, settings.caller_headers))
+    previous = (keys.key_of(previous_key_material(request, value, settings.caller_headers))
+                if settings.http_previous_keys else None)
+    previous = None if previous == key else previous  # (never, as the two materials differ: but never our own)
     if settings.payload_jmespath:
-        return key, _bound_to_path(request, keys.fingerprint(event))
-    return key, f"{digest(default_payload(request))}.http"
+        return key, _bound_to_path(request, keys.fingerprint(event)), previous
+    return key, f"{digest(default_payload(request))}.http", previous
 
 
 def _bound_to_path(request: Request, fingerprint: str | None) -> str | None:
@@ -393,7 +423,7 @@ def plan(settings: Any, keys: KeyDeriver, request: Request, event: Any) -> Plan:
     IDEMPOTENCY_REQUIRE_KEY); or no key, and it runs unguarded. Notes: the pass-through's warning, and each caller
     header a keyed request of its format comes without (once per environment and format)."""
     try:
-        key, fingerprint = request_key(keys, settings, request, event)
+        key, fingerprint, previous = request_keys(keys, settings, request, event)
     except (HeaderError, errors.IdempotencyKeyError) as error:
         return Plan(HTTP, (Unit(None),), request=request, refusal=error)
     if key is None:
@@ -419,8 +449,9 @@ def plan(settings: Any, keys: KeyDeriver, request: Request, event: Any) -> Plan:
                                         "name the header): every caller sending the same key shares its response; if "
                                         "the function authenticates callers by it, name it in "
                                         "IDEMPOTENCY_CALLER_HEADERS (said once per environment, counted as "
-                                        "AnonymousScope)", key, once="anonymous scope", count="AnonymousScope"),)
-    return Plan(HTTP, (Unit(key, fingerprint),), request=request, notes=notes)
+                                        "AnonymousScope)", key, once="anonymous scope",
+                            metric="AnonymousScope"),)
+    return Plan(HTTP, (Unit(key, fingerprint, previous=previous),), request=request, notes=notes)
 
 
 def answer(request: Request, error: errors.IdempotencyError, key: str, payload_jmespath: str | None) -> Any:
