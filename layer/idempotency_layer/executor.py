@@ -31,7 +31,7 @@ from .errors import (
     IdempotencyPersistenceLayerError,
 )
 from .log import fields
-from .plan import BATCH, DURABLE, EXECUTION, HTTP, MISMATCH
+from .plan import BATCH, DURABLE, EXECUTION, HTTP, MISMATCH, REQUIRED
 from .results import ExecutionResults
 from .stores.protocol import Record
 
@@ -234,8 +234,10 @@ class Executor:
 
         inv.describe(HTTP)
         request = plan.request
+        request_id = getattr(context, "aws_request_id", None)
         if plan.refusal is not None:
-            return http.problem(request, 400, str(plan.refusal))
+            required = plan.units[0].refused == REQUIRED
+            return http.refuse(request, plan.refusal, required, self.settings.key_header, request_id)
         self._say(plan, inv)
         unit = plan.units[0]
         key = unit.key
@@ -256,7 +258,7 @@ class Executor:
             outcome = self.cycle.run(inv, key, partial(self.handler, event, context), unit.fingerprint,
                                      results=results, keep=partial(self._keeps, request, key), earlier=earlier)
         except IdempotencyError as error:
-            return http.answer(request, error, key, self.settings.payload_jmespath)
+            return http.answer(request, error, key, self.settings.payload_jmespath, request_id)
         if not outcome.replayed:
             return outcome.value
         return http.mark_replayed(request, outcome.value, values.text)  # text: for an earlier version's record

@@ -61,6 +61,7 @@ def test_false_booleans(text):
         ("IDEMPOTENCY_STREAM_FAILURES", "first", "checkpoint, records"),
         ("IDEMPOTENCY_HTTP", "on", "auto, off"),
         ("IDEMPOTENCY_HTTP_ANONYMOUS", "isolated", "separate, shared"),
+        ("IDEMPOTENCY_HTTP_PREVIOUS_KEYS", "on", "consult, off"),
         ("IDEMPOTENCY_KEY_HEADER", "Idempotency Key", "not an HTTP header name"),
         ("IDEMPOTENCY_CALLER_HEADERS", "Authorization, X User", "'X User' is not an HTTP header name"),
         ("IDEMPOTENCY_CALLER_HEADERS", "authorization,", "'' is not an HTTP header name"),
@@ -214,6 +215,11 @@ def test_anonymous_http_callers_are_kept_apart_unless_told_to_share():
     assert load(BASE).http_anonymous_shared is False
     assert load({**BASE, "IDEMPOTENCY_HTTP_ANONYMOUS": "separate"}).http_anonymous_shared is False
     assert load({**BASE, "IDEMPOTENCY_HTTP_ANONYMOUS": "Shared"}).http_anonymous_shared is True
+
+
+def test_previous_http_keys_are_consulted_until_turned_off():
+    assert load(BASE).http_previous_keys is True
+    assert load({**BASE, "IDEMPOTENCY_HTTP_PREVIOUS_KEYS": "off"}).http_previous_keys is False
 
 
 def test_caller_headers_under_http_off_fail_init_instead_of_being_ignored():

@@ -283,14 +283,19 @@ def _response(request: Request, status: int, headers: dict[str, str], body: str)
     return response
 
 
-def problem(request: Request, status: int, detail: str, retry_after: int | None = None) -> dict[str, Any]:
-    """An application/problem+json response (RFC 9457) in the source's format; `detail` holds no event content."""
-    body = json.dumps({"type": "about:blank", "title": _TITLES.get(status, "Error"), "status": status,
-                       "detail": detail}, separators=(",", ":"))
+def problem(request: Request, status: int, detail: str, retry_after: int | None = None,
+            request_id: str | None = None) -> dict[str, Any]:
+    """An application/problem+json response (RFC 9457) in the source's format: `detail` is a generic sentence
+    (no event content, no key, prefix or setting), and `request_id` (Lambda's aws_request_id) an extension member,
+    to find the log line that says the rest."""
+    problem: dict[str, Any] = {"type": "about:blank", "title": _TITLES.get(status, "Error"), "status": status,
+                               "detail": detail}
+    if request_id:
+        problem["requestId"] = request_id
     headers = {"Content-Type": "application/problem+json"}
     if retry_after is not None:
         headers["Retry-After"] = str(max(1, retry_after))
-    return _response(request, status, headers, body)
+    return _response(request, status, headers, json.dumps(problem, separators=(",", ":")))
 
 
 def status_of(request: Request, response: Any) -> int:
@@ -454,25 +459,55 @@ def plan(settings: Any, keys: KeyDeriver, request: Request, event: Any) -> Plan:
     return Plan(HTTP, (Unit(key, fingerprint, previous=previous),), request=request, notes=notes)
 
 
-def answer(request: Request, error: errors.IdempotencyError, key: str, payload_jmespath: str | None) -> Any:
-    """The problem response for the layer's `error` about `key` (the handler did not run), said in the log; an
-    error with no HTTP answer is raised again."""
+# What an HTTP caller is told of the layer's errors: generic, so that no key, key prefix, expression or setting
+# reaches a caller who may be anyone (the log line, found by the request id, says the rest).
+_DETAILS = {
+    "mismatch": "this idempotency key was used before with another request (its method, path, query or body "
+                "differ); the request did not run",
+    "payload": "this idempotency key was used before with another request (its payload or path differ); the "
+               "request did not run",
+    "in_progress": "a request with this idempotency key is still in progress; retry it later",
+    "replay": "a request with this idempotency key ran before, but its response cannot be replayed (too large to "
+              "store, or not one the runtime could send); the request did not run again",
+    "key": "the idempotency key of this request cannot be used (see the function's log for its request id); the "
+           "request did not run",
+    "store": "the idempotency store is unavailable; the request did not run",
+}
+
+
+def refuse(request: Request, error: Exception, required: bool, key_header: str,
+           request_id: str | None = None) -> dict[str, Any]:
+    """The 400 for a request refused before anything ran (its plan's `refusal`), said in the log: a malformed key
+    header is described (it is the caller's own input); no key under IDEMPOTENCY_REQUIRE_KEY, or a key or payload
+    expression that cannot be applied, is said generically."""
+    if isinstance(error, HeaderError):
+        logger.info("%s; answered 400", error, extra=fields(None, "not_claimed"))
+        return problem(request, 400, str(error), request_id=request_id)
+    if required:
+        logger.info("%s; answered 400", error, extra=fields(None, "not_claimed"))
+        return problem(request, 400, f"the request has no {key_header} header, which this endpoint requires; it "
+                                     "did not run", request_id=request_id)
+    logger.warning("%s; answered 400", error, extra=fields(None, "not_claimed"))
+    return problem(request, 400, _DETAILS["key"], request_id=request_id)
+
+
+def answer(request: Request, error: errors.IdempotencyError, key: str, payload_jmespath: str | None,
+           request_id: str | None = None) -> Any:
+    """The problem response for the layer's `error` about `key` (the handler did not run), said in the log with
+    the error's own words; an error with no HTTP answer is raised again."""
     if isinstance(error, errors.IdempotencyPayloadMismatchError):
         logger.info("%s; answered 422", error, extra=fields(key, "mismatch"))
-        if not payload_jmespath:  # the default fingerprint: say what it covers
-            return problem(request, 422, f"key {key!r} was used before with another request (its method, "
-                           "path, query or body differ); the request did not run")
-        return problem(request, 422, str(error))
+        return problem(request, 422, _DETAILS["payload" if payload_jmespath else "mismatch"], request_id=request_id)
     if isinstance(error, errors.IdempotencyAlreadyInProgressError):
         logger.info("%s; answered 409", error, extra=fields(key, "in_progress"))
-        return problem(request, 409, str(error), retry_after=1)
+        return problem(request, 409, _DETAILS["in_progress"], retry_after=1, request_id=request_id)
     if isinstance(error, (errors.IdempotencyResultTooLargeError, errors.IdempotencyResultUndeliverableError)):
         logger.warning("%s; answered 500", error, extra=fields(key, "replay"))
-        return problem(request, 500, str(error))
+        return problem(request, 500, _DETAILS["replay"], request_id=request_id)
     if isinstance(error, errors.IdempotencyKeyError):
         logger.warning("%s; answered 400", error, extra=fields(key))
-        return problem(request, 400, str(error))
+        return problem(request, 400, _DETAILS["key"], request_id=request_id)
     if isinstance(error, (errors.IdempotencyPersistenceLayerError, errors.IdempotencyClaimConflictError)):
-        logger.error("%s", error, extra=fields(key, "store_error"))
-        return problem(request, 503, "the idempotency store is unavailable; the request did not run", retry_after=1)
+        logger.error("%s; answered 503", error, extra=fields(key, "store_error"))
+        return problem(request, 503, _DETAILS["store"], retry_after=1, request_id=request_id)
     raise error
