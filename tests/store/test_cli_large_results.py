@@ -32,7 +32,7 @@ def bucket(s3_bucket: Any, moto: Any) -> Any:
 
 def _store(table: str) -> DynamoDBStore:
     return DynamoDBStore(build_transport("lean", connect_timeout=2, read_timeout=5, max_attempts=2), table,
-                         Attributes())
+                         Attributes(), key_prefix="fn")
 
 
 def _bucket(name: str, endpoint: str) -> Bucket:

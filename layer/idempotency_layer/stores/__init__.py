@@ -40,7 +40,7 @@ def open_store(config: Config, transport: Any = None) -> Store:
     from .dynamodb.store import DynamoDBStore
 
     return DynamoDBStore(transport if transport is not None else open_transport(config), config.table,
-                         config.attributes, config.partition_value)
+                         config.attributes, config.partition_value, key_prefix=config.key_prefix)
 
 
 def open_bucket(config: Config) -> Bucket | None:

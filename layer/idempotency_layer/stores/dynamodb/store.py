@@ -29,6 +29,9 @@ _logger = logging.getLogger("idempotency_layer")
 # type, a sort key too many or too few): the only refusals of the table check that blame the key schema.
 _SCHEMA_DIFFERS = ("does not match the schema", "One of the required keys was not given a value",
                    "The number of conditions on the keys is invalid", "Type mismatch for key")
+# What the table check reads under the function's prefix: an item that never exists (no record key is a digest of
+# these words), and whose absence says the table has the key schema the settings describe.
+SCHEMA_CHECK = "idempotency-layer-schema-check"
 # Answers no retry can change: the table, the role or the request is wrong.
 _PERMANENT = frozenset({
     "AccessDeniedException", "ResourceNotFoundException", "ValidationException", "UnrecognizedClientException",
@@ -48,10 +51,14 @@ def _blob(value: Any) -> bytes:
 
 class DynamoDBStore:
     def __init__(
-        self, transport: Transport, table: str, attributes: Attributes, partition_value: str | None = None
+        self, transport: Transport, table: str, attributes: Attributes, partition_value: str | None = None, *,
+        key_prefix: str,
     ) -> None:
+        """`key_prefix`: the function's key prefix (IDEMPOTENCY_KEY_PREFIX), under which the table check reads too,
+        so that a role confined to its own keys (`dynamodb:LeadingKeys` of `<prefix>#*`) may make it."""
         self.transport = transport
         self.table = table
+        self.check_key = f"{key_prefix}#{SCHEMA_CHECK}"
         self.name = table
         self.where = f"table {table!r}"
         self.read_grant = f"dynamodb:BatchGetItem on table {table!r}"
@@ -76,7 +83,7 @@ class DynamoDBStore:
         a = self.attr
         try:
             self.transport.call(
-                "GetItem", {"TableName": self.table, "Key": self._item_key("idempotency-layer#schema-check")},
+                "GetItem", {"TableName": self.table, "Key": self._item_key(self.check_key)},
                 deadline,
             )
         except DynamoDBError as error:
