@@ -38,6 +38,10 @@ _HTTP_ANONYMOUS = ("separate", "shared")
 _HTTP_PREVIOUS_KEYS = ("consult", "off")
 _DURABLE_MODES = ("pass", "execution")
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")  # an HTTP token
+# IDEMPOTENCY_KEY_PREFIX, and AWS_LAMBDA_FUNCTION_NAME as its default: no `#` (a prefix `a#b` would put its keys
+# under function `a`'s `a#*`), no wildcard of IAM's StringLike or Valkey's ACL globs (`*?[`), no cluster hash tag
+# (`{}`), no `.` (Powertools' `<function>.<handler>#` keys), no space, control or non-ASCII character
+KEY_PREFIX = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 if TYPE_CHECKING:
@@ -198,12 +202,27 @@ def _prefix(env: Mapping[str, str], disabled: bool) -> tuple[str | None, str | N
     """The key prefix, and the variable it came from."""
     explicit = text(env, "IDEMPOTENCY_KEY_PREFIX")
     prefix = explicit or text(env, "AWS_LAMBDA_FUNCTION_NAME")
+    variable = "IDEMPOTENCY_KEY_PREFIX" if explicit else "AWS_LAMBDA_FUNCTION_NAME"
     if not disabled and not prefix:
         raise IdempotencyConfigurationError(
             "IDEMPOTENCY_KEY_PREFIX is not set and neither is AWS_LAMBDA_FUNCTION_NAME; "
             "expected a prefix that tells this function's records apart in a shared table"
         )
-    return prefix, "IDEMPOTENCY_KEY_PREFIX" if explicit else "AWS_LAMBDA_FUNCTION_NAME"
+    if not disabled and prefix and not KEY_PREFIX.fullmatch(prefix):
+        # ascii(): a bidi or control character in the value is shown escaped, never as itself
+        used = "" if explicit else ", used as the key prefix as IDEMPOTENCY_KEY_PREFIX is unset"
+        raise IdempotencyConfigurationError(
+            f"{variable}={_shown(prefix)}{used} is not accepted: a key prefix is 1 to 64 of A-Z a-z 0-9 _ - "
+            "(Lambda's function-name alphabet), so that '<prefix>#' is a prefix no other function's keys share in "
+            "IAM dynamodb:LeadingKeys patterns, Valkey ACL key patterns and S3 resources"
+            + ("" if explicit else "; set IDEMPOTENCY_KEY_PREFIX")
+        )
+    return prefix, variable
+
+
+def _shown(value: str) -> str:
+    """`value` as an error shows it: escaped to ASCII, and cut short when long."""
+    return ascii(value) if len(value) <= 80 else f"{value[:64]!a}... ({len(value)} characters)"
 
 
 def _key_header(env: Mapping[str, str]) -> str:

@@ -24,6 +24,8 @@ _DYNAMODB_ONLY = ("IDEMPOTENCY_TABLE", "IDEMPOTENCY_TRANSPORT", "IDEMPOTENCY_PAR
                   "IDEMPOTENCY_POWERTOOLS_HANDLER")
 _TABLE_NAME = re.compile(r"[A-Za-z0-9_.-]{3,255}")
 _TABLE_ARN = re.compile(r"arn:aws[a-z-]*:dynamodb:[a-z0-9-]+:[0-9]{12}:table/[A-Za-z0-9_.-]{3,255}")
+# IDEMPOTENCY_PARTITION_VALUE: as the default idempotency#<prefix> is (config.KEY_PREFIX), `#` allowed
+_PARTITION_VALUE = re.compile(r"[A-Za-z0-9_#-]{1,128}")
 _DIGEST_CHARS = 1 + 64  # "#" and the sha256 hex digest after the prefix
 _PARTITION_KEY_BYTES, _SORT_KEY_BYTES = 2048, 1024  # DynamoDB's limits on key values
 ATTR_VARIABLES = {
@@ -310,10 +312,13 @@ def read_partition_value(env: Mapping[str, str], attributes: Attributes, prefix:
     if attributes.sort_key is not None:
         partition_value = text(env, "IDEMPOTENCY_PARTITION_VALUE", f"idempotency#{prefix}")
         assert partition_value is not None
-        if len(partition_value.encode()) > _PARTITION_KEY_BYTES:
+        if not disabled and not _PARTITION_VALUE.fullmatch(partition_value):
+            shown = ascii(partition_value) if len(partition_value) <= 160 else (
+                f"{partition_value[:128]!a}... ({len(partition_value)} characters)")
             raise IdempotencyConfigurationError(
-                f"IDEMPOTENCY_PARTITION_VALUE is {len(partition_value.encode())} bytes; a partition key value "
-                f"is at most {_PARTITION_KEY_BYTES} bytes"
+                f"IDEMPOTENCY_PARTITION_VALUE={shown} is not accepted: a partition value is 1 to 128 of A-Z a-z 0-9 "
+                "_ - # (like the default idempotency#<prefix>), with no wildcard *?[ nor braces, so that an IAM "
+                "dynamodb:LeadingKeys condition can name it exactly"
             )
         key_limit = _SORT_KEY_BYTES
     elif text(env, "IDEMPOTENCY_PARTITION_VALUE") is not None:
