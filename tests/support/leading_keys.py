@@ -1,11 +1,12 @@
 """IAM's `ForAllValues:StringLike` on `dynamodb:LeadingKeys`, emulated in front of a transport (the security review's
-harness, docs/security.md; security-2026-12.md Appendix A).
+harness: security-2026-12.md, Appendix A).
 
 IAM cannot run offline. What it would do to the layer's requests is simple enough to emulate: every partition key
 value a request names (each key of a BatchGetItem; the item's key of a PutItem; the `Key` of the others) must match
-one of the policy's patterns (`*` any run of characters, `?` one, as StringLike matches; `[` is literal there, so
-the patterns given here must not hold one), or the whole request is refused with `AccessDeniedException` before it
-reaches the table. Every key value is recorded with the verdict, so a test can say which keys were denied.
+one of the policy's patterns (`*` any run of characters, `?` one, everything else literal, as StringLike matches),
+or the whole request is refused with `AccessDeniedException` before it reaches the table (`ForAllValues`: all of
+a BatchGetItem's keys must match). Every key value is recorded with its verdict, so a test can say which keys
+were denied.
 """
 
 from __future__ import annotations
