@@ -414,3 +414,78 @@ def test_every_key_the_layer_sends_lies_under_the_prefix(interceptor):
                    for seen in world.policy.seen)
 
     check()
+
+
+class PowertoolsClient:
+    """The boto3 DynamoDB client Powertools' DynamoDBPersistenceLayer calls, over the in-memory table: its four item
+    calls as the low-level requests boto3 would send (the same shapes the layer's transport sends), and its
+    conditional-check failure as boto3's ClientError."""
+
+    def __init__(self, db: MemoryDynamoDB) -> None:
+        self.transport = MemoryTransport(db)
+
+    def _call(self, operation: str, params: dict) -> dict:
+        from botocore.exceptions import ClientError
+
+        from idempotency_layer.stores.dynamodb import DynamoDBError
+
+        try:
+            return self.transport.call(operation, params)
+        except DynamoDBError as error:
+            answer: dict = {"Error": {"Code": error.code, "Message": error.message}}
+            if error.item:
+                answer["Item"] = error.item
+            raise ClientError(answer, operation) from None  # type: ignore[arg-type]
+
+    def put_item(self, **params: Any) -> dict:
+        return self._call("PutItem", params)
+
+    def get_item(self, **params: Any) -> dict:
+        return self._call("GetItem", params)
+
+    def update_item(self, **params: Any) -> dict:
+        return self._call("UpdateItem", params)
+
+    def delete_item(self, **params: Any) -> dict:
+        return self._call("DeleteItem", params)
+
+
+def _powertools_completed(db: MemoryDynamoDB, monkeypatch: pytest.MonkeyPatch, event: Any) -> list[Any]:
+    """`event` run once by the real aws-lambda-powertools `@idempotent` on handler `app.handler` of function `orders`,
+    its COMPLETED record in `db`; the runs of that handler (its own side effect)."""
+    from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer, IdempotencyConfig, idempotent
+
+    monkeypatch.setenv("AWS_LAMBDA_FUNCTION_NAME", P)
+    runs: list[Any] = []
+
+    def handler(event: Any, context: Any) -> Any:
+        runs.append(event)
+        return {"charged": event["amount"], "receipt": "r-1"}
+
+    handler.__module__, handler.__qualname__ = "app", "handler"  # Powertools keys by module.qualname
+    layer = DynamoDBPersistenceLayer(table_name="shared", boto3_client=PowertoolsClient(db))  # type: ignore[arg-type]
+    decorated = idempotent(persistence_store=layer, config=IdempotencyConfig(event_key_jmespath="orderId"))(handler)
+    assert decorated(event, Context()) == {"charged": event["amount"], "receipt": "r-1"}
+    return runs
+
+
+def test_a_powertools_record_is_replayed_under_the_extra_getitem_statement(interceptor, monkeypatch):
+    event = {"orderId": "o-7", "amount": 12}
+    denied = World(interceptor, "partition key", **POWERTOOLS)
+    assert _powertools_completed(denied.db, monkeypatch, event) == [event]
+    (powertools_key,) = denied.db.items
+    assert powertools_key[0].startswith("orders.app.handler#")
+    grant = r"grant dynamodb:GetItem on keys 'orders\.app\.handler#\*'"
+    with pytest.raises(IdempotencyPersistenceLayerError, match=grant):
+        denied(event)
+    assert denied.runs == [] and list(denied.db.items) == [powertools_key]
+
+    world = World(interceptor, "partition key", [f"{P}#*", "orders.app.handler#*"], **POWERTOOLS)
+    world.db.items.update(denied.db.items)
+    assert world(event) == {"charged": 12, "receipt": "r-1"}  # Powertools' result, replayed
+    assert world(event) == {"charged": 12, "receipt": "r-1"}  # ... and kept as the layer's own record
+    assert world.runs == []
+    assert world.policy.denied == []
+    # the Powertools key only read (GetItem), never written; everything written lies under the function's keys
+    assert {seen.operation for seen in world.policy.seen if not seen.key.startswith(f"{P}#")} == {"GetItem"}
+    assert all(key[0].startswith(f"{P}#") for key in world.db.items if key != powertools_key)
