@@ -29,8 +29,8 @@ _logger = logging.getLogger("idempotency_layer")
 # type, a sort key too many or too few): the only refusals of the table check that blame the key schema.
 _SCHEMA_DIFFERS = ("does not match the schema", "One of the required keys was not given a value",
                    "The number of conditions on the keys is invalid", "Type mismatch for key")
-# What the table check reads under the function's prefix: an item that never exists (no record key is a digest of
-# these words), and whose absence says the table has the key schema the settings describe.
+# What the table check reads under the function's prefix: an item that never exists (a record's key ends in 64 hex
+# digits), so the answer, not the item, says whether the table has the key schema the settings describe.
 SCHEMA_CHECK = "idempotency-layer-schema-check"
 # Answers no retry can change: the table, the role or the request is wrong.
 _PERMANENT = frozenset({
@@ -107,7 +107,8 @@ class DynamoDBStore:
             if error.code in ("AccessDeniedException", "UnrecognizedClientException"):
                 raise IdempotencyConfigurationError(
                     f"IDEMPOTENCY_TABLE={self.table!r}: the function's role may not read the table; it needs "
-                    f"dynamodb:PutItem, GetItem, UpdateItem and DeleteItem on it {said}"
+                    f"dynamodb:PutItem, GetItem, UpdateItem and DeleteItem on it, on this function's keys (the check "
+                    f"reads key {self.check_key!r}) {said}"
                 ) from None
             self._unverified = f"{error.code}: {error.message}"
         except Exception as error:
