@@ -43,7 +43,7 @@ def test_no_two_prefixes_share_a_table_check_key():
 
 def test_a_role_confined_to_another_prefix_fails_the_table_check():
     policy = LeadingKeys(MemoryTransport(MemoryDynamoDB()), ["payments#*"])
-    with pytest.raises(IdempotencyConfigurationError, match="may not read the table.*key .orders#idempotency-layer-"):
+    with pytest.raises(IdempotencyConfigurationError, match=r"may not read the table.*key .orders#idempotency-layer-"):
         DynamoDBStore(policy, "shared", Attributes(), key_prefix="orders").verify()
     assert [seen.key for seen in policy.denied] == ["orders#idempotency-layer-schema-check"]
 

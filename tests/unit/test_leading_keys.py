@@ -11,6 +11,8 @@ run once and replay, with no key denied. Handler runs are counted by the handler
 from __future__ import annotations
 
 import importlib
+import json
+import sys
 from typing import Any
 
 import pytest
@@ -28,6 +30,22 @@ SORT_KEY = {"IDEMPOTENCY_KEY_ATTR": "pk", "IDEMPOTENCY_SORT_KEY_ATTR": "sk"}
 # (settings of the layout, the policy's patterns, the table's partition key attribute)
 LAYOUTS = {"partition key": ({}, [f"{P}#*"], "id"),
            "sort key": (SORT_KEY, [f"idempotency#{P}"], "pk")}
+
+
+_MARSHALLER = "awslambdaric.lambda_runtime_marshaller"
+
+
+@pytest.fixture(autouse=True)
+def runtime(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runtime's marshaller loaded, as in Lambda: results stored as the text the runtime sends, and replayed as
+    it (whatever other tests loaded before)."""
+    monkeypatch.setitem(sys.modules, _MARSHALLER, importlib.import_module(_MARSHALLER))
+
+
+def sent(value: Any) -> Any:
+    """What the runtime sends for a handler's `value`, read back: how a caller sees an answer."""
+    text, _ = importlib.import_module(_MARSHALLER).LambdaMarshaller().marshal_response(value)
+    return json.loads(text)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +75,7 @@ class World:
         return self.answer(event)
 
     def __call__(self, event: Any) -> Any:
-        return self.handler(event, Context())
+        return sent(self.handler(event, Context()))
 
 
 def test_the_emulated_policy_matches_as_string_like_does_and_refuses_a_request_whole():
@@ -185,8 +203,6 @@ def _rabbitmq() -> tuple[Any, Any]:
 
 
 def _durable() -> tuple[Any, Any]:
-    import json
-
     def envelope(execution: str) -> dict[str, Any]:
         arn = f"arn:aws:lambda:us-east-1:123456789012:function:{P}:$LATEST/durable-execution/{execution}/op-1"
         operation = {"Id": "op-1", "Type": "EXECUTION", "Status": "STARTED",
@@ -372,7 +388,7 @@ def _events(draw: Any, source: str) -> Any:
         return order
     if source == "http":
         header = draw(st.from_regex(r"[A-Za-z0-9._~+/=-]{1,40}", fullmatch=True))  # a token the layer accepts
-        return http_events.v2("POST", "/orders", {"Idempotency-Key": header}, events.json.dumps(order))
+        return http_events.v2("POST", "/orders", {"Idempotency-Key": header}, json.dumps(order))
     return events.sqs_event([events.json_message({**order, "orderId": f"{order['orderId']}-{n}"})
                              for n in range(draw(st.integers(1, 3)))])
 
