@@ -232,7 +232,7 @@ def test_an_http_request_whose_record_points_elsewhere_is_answered_503_and_runs_
         replayed = function(event)  # the record as the layer wrote it: replayed
         assert replayed["statusCode"] == 200 and replayed["body"] == body and len(function.runs) == 1
         store = DynamoDBStore(build_transport("lean", connect_timeout=2, read_timeout=5, max_attempts=2), table,
-                              Attributes())
+                              Attributes(), key_prefix="fn")
         (key,) = [item["id"]["S"] for item in ddb_client.scan(TableName=table, ConsistentRead=True)["Items"]]
         record = store.get(key)
         assert record is not None and record.result is not None and record.owner is not None
