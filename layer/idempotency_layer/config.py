@@ -100,6 +100,8 @@ if TYPE_CHECKING:
         # IDEMPOTENCY_HTTP_PREVIOUS_KEYS=consult: a first run of an HTTP request also reads the record under the key
         # it had before the API and stage were part of keys (one read); False (off): never read
         http_previous_keys: bool = True
+        # IDEMPOTENCY_RECORD_MAC_KEY: where the record MAC's keys are read from at init, current first; (): off
+        record_mac_sources: tuple[str, ...] = ()
 else:
     _ConfigFields = namedtuple("Config", (
         "disabled",
@@ -140,8 +142,9 @@ else:
         "valkey",
         "http_anonymous_shared",
         "http_previous_keys",
+        "record_mac_sources",
     ), defaults=(False, "Idempotency", None, None, False, "auto", None, False, None, "idempotency-results/",
-                 (), "dynamodb", None, False, True))
+                 (), "dynamodb", None, False, True, ()))
 
 
 class Config(_ConfigFields):
@@ -289,6 +292,40 @@ def _check_powertools(values: dict[str, Any], attributes: Attributes) -> None:
         )
 
 
+_MAC_SOURCES = ("secretsmanager", "ssm", "env")
+
+
+def _record_mac_sources(env: Mapping[str, str], values: dict[str, Any], attributes: Attributes) -> tuple[str, ...]:
+    """IDEMPOTENCY_RECORD_MAC_KEY's sources, current key first; their keys are read at init by the interceptor.
+    Each error names the entry, never a key."""
+    value = text(env, "IDEMPOTENCY_RECORD_MAC_KEY")
+    if value is None:
+        return ()
+    sources = tuple(part.strip() for part in value.split(","))
+    for index, source in enumerate(sources, 1):
+        kind, _, name = source.partition(":")
+        if kind not in _MAC_SOURCES or not name.strip():
+            raise IdempotencyConfigurationError(
+                f"IDEMPOTENCY_RECORD_MAC_KEY: entry {index} of {len(sources)} is not a key source (expected a comma "
+                "list of secretsmanager:<secret ARN or name>, ssm:<SecureString parameter name> or env:<VARIABLE>, "
+                "the current key first)"
+            )
+    if len(set(sources)) != len(sources):
+        raise IdempotencyConfigurationError("IDEMPOTENCY_RECORD_MAC_KEY names one key source twice")
+    if values["powertools_handler"] is not None:
+        raise IdempotencyConfigurationError(
+            "IDEMPOTENCY_RECORD_MAC_KEY and IDEMPOTENCY_POWERTOOLS_HANDLER cannot be set together: Powertools' "
+            "records carry no MAC, so a migration would replay results that cannot be authenticated; finish the "
+            "migration (unset IDEMPOTENCY_POWERTOOLS_HANDLER once Powertools' records have expired), then set the key"
+        )
+    if "mac" in attributes:
+        raise IdempotencyConfigurationError(
+            "IDEMPOTENCY_RECORD_MAC_KEY stores each record's MAC in the attribute 'mac', which an "
+            "IDEMPOTENCY_*_ATTR setting gives to another of the record's attributes; name that one otherwise"
+        )
+    return sources
+
+
 def _check_durable(values: dict[str, Any]) -> None:
     """IDEMPOTENCY_DURABLE=execution holds a claim for a whole durable execution, which may run far longer than
     any invocation: its lease is IDEMPOTENCY_IN_PROGRESS_SECONDS, which Lambda cannot tell the layer."""
@@ -335,7 +372,7 @@ NAMES = frozenset(
        "IDEMPOTENCY_LARGE_RESULTS_READ_BUCKETS",
        "IDEMPOTENCY_STORE", "IDEMPOTENCY_VALKEY_URL", "IDEMPOTENCY_VALKEY_SECRET", "IDEMPOTENCY_VALKEY_IAM",
        "IDEMPOTENCY_KEY_JMESPATH", "IDEMPOTENCY_KEY_HEADER", "IDEMPOTENCY_CALLER_HEADERS", "IDEMPOTENCY_LOG_LEVEL",
-       "IDEMPOTENCY_PARTITION_VALUE", "IDEMPOTENCY_METRICS_NAMESPACE"]
+       "IDEMPOTENCY_PARTITION_VALUE", "IDEMPOTENCY_METRICS_NAMESPACE", "IDEMPOTENCY_RECORD_MAC_KEY"]
     + ["IDEMPOTENCY_NEXT_WRAPPER", "IDEMPOTENCY_WRAPPER_CHAINED", "IDEMPOTENCY_CLI_TRACEBACK"]
 )
 
@@ -429,5 +466,6 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         metrics_namespace=_namespace(env),
         store=store,
         valkey=valkey,
+        record_mac_sources=_record_mac_sources(env, values, attributes),
         **values,
     )

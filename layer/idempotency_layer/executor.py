@@ -102,7 +102,13 @@ def _result_text(key: str, value: Any) -> str:
 def _fails_the_batch(claimed: Any) -> bool:
     """A claim's failure that fails the whole batch (the store's, the settings'), not only its record's."""
     return isinstance(claimed, Exception) and not isinstance(
-        claimed, (IdempotencyAlreadyInProgressError, IdempotencyPayloadMismatchError))
+        claimed, (IdempotencyAlreadyInProgressError, IdempotencyPayloadMismatchError)) and not _refused(claimed)
+
+
+def _refused(claimed: Any) -> bool:
+    """A completed record that failed its authentication (IDEMPOTENCY_RECORD_MAC_KEY): its batch record is
+    reported failed, never taken as done, and the rest of the batch goes on."""
+    return isinstance(claimed, IdempotencyPersistenceLayerError) and claimed.integrity
 
 
 class Executor:
@@ -185,10 +191,11 @@ class Executor:
             return durable.failed(error)
         inv.count("OwnerInvocations" if taken.held else "FirstExecutions")
         answer = self.handler(event, context)  # a raise keeps the claim: the service invokes the execution again
-        self._settle(inv, key, taken.owner, answer, results)
+        self._settle(inv, key, taken.owner, answer, results, unit.fingerprint)
         return answer
 
-    def _settle(self, inv: Invocation, key: str, owner: str, answer: Any, results: Any) -> None:
+    def _settle(self, inv: Invocation, key: str, owner: str, answer: Any, results: Any,
+                fingerprint: str | None = None) -> None:
         """The execution's claim follows its answer: SUCCEEDED completes it with the result text, FAILED releases
         it, PENDING keeps it for the execution's next invocation. A completion or a release that did not land
         fails the invocation instead of answering: the service invokes the execution again, its steps replay
@@ -206,7 +213,7 @@ class Executor:
         elif state == durable.SUCCEEDED and (text is None or isinstance(text, str)):
             result = self.cycle.keeper.encode(inv, key, text, results)[1]
             inv.count("ExecutionsCompleted")
-            if not self.cycle.complete(inv, key, owner, result):
+            if not self.cycle.complete(inv, key, owner, result, fingerprint):
                 raise IdempotencyPersistenceLayerError(
                     f"completing key {key!r} after its durable execution succeeded did not succeed; this invocation "
                     "fails so that the service invokes the execution again, which replays its steps from their "
@@ -253,7 +260,7 @@ class Executor:
         # is the text the runtime sent the first time, whatever a later runtime's marshaller would write.
         results = values.shaped(lambda value, text: http.explicit(request, value, lambda _: text))
         inv.describe(HTTP, key)
-        earlier = None if unit.previous is None else self._previous(request, unit, results)
+        earlier = None if unit.previous is None else self._previous(inv, request, unit, results)
         try:
             outcome = self.cycle.run(inv, key, partial(self.handler, event, context), unit.fingerprint,
                                      results=results, keep=partial(self._keeps, request, key), earlier=earlier)
@@ -263,9 +270,10 @@ class Executor:
             return outcome.value
         return http.mark_replayed(request, outcome.value, values.text)  # text: for an earlier version's record
 
-    def _previous(self, request: Any, unit: Any, results: Any) -> Callable[[Any], Any]:
+    def _previous(self, inv: Any, request: Any, unit: Any, results: Any) -> Callable[[Any], Any]:
         """The read of the record under the request's previous key (`previous.reader`): a stored response that
-        sets a cookie for an anonymous caller is as none, since this version would not have stored it."""
+        sets a cookie for an anonymous caller is as none, since this version would not have stored it; with
+        IDEMPOTENCY_RECORD_MAC_KEY, a completed one is authenticated before it is decoded, as every record is."""
         from .previous import reader
         from .sources import http
 
@@ -274,7 +282,8 @@ class Executor:
                     and http.anonymous(request, self.settings.caller_headers))
 
         cycle = self.cycle
-        return reader(cycle.store, cycle.keeper, unit.previous, unit.fingerprint, results, cycle.clock, withheld)
+        return reader(cycle.store, cycle.keeper, unit.previous, unit.fingerprint, results, cycle.clock, withheld,
+                      partial(cycle.authenticate, inv))
 
     def _keeps(self, request: Any, key: str, response: Any) -> bool:
         """Whether the handler's `response` to `request` is stored: not a server error (`http.storable`), and no
@@ -339,7 +348,8 @@ class Executor:
                                                      self.settings.stream_checkpoint)
             if note is not None:
                 logger.info("%s", note, extra=fields(None, "released"))
-            self._complete(inv, [(key, owner) for key, owner in owned if key not in failed_keys])
+            prints = {unit.key: unit.fingerprint for unit in plan.units if unit.first is None}
+            self._complete(inv, [(key, owner) for key, owner in owned if key not in failed_keys], prints)
             self._release(inv, [(key, owner) for key, owner in owned if key in failed_keys])
         return rules.respond(plan, value, bool(passed), failed, self.settings.fail_whole_batch)
 
@@ -381,6 +391,8 @@ class Executor:
                 logger.warning("%s; its record is reported as failed", claimed, extra=fields(key, "mismatch"))
                 busy.add(key)
                 mismatches += 1
+            elif _refused(claimed):
+                busy.add(key)  # said and counted by the cycle
             elif claimed is not SKIPPED:
                 failure = failure or claimed
         if failure is not None:
@@ -415,9 +427,10 @@ class Executor:
                 copies.append(index)
         return passed, failed, copies
 
-    def _complete(self, inv: Invocation, claims: list[tuple[str, str]]) -> None:
+    def _complete(self, inv: Invocation, claims: list[tuple[str, str]], prints: dict[Any, str | None]) -> None:
+        """Complete each claim as done; `prints`: the fingerprint each key was claimed with."""
         done = codec.Encoded(codec.DONE, None)
-        self.pool.map(lambda claim: self.cycle.complete(inv, claim[0], claim[1], done), claims)
+        self.pool.map(lambda claim: self.cycle.complete(inv, claim[0], claim[1], done, prints.get(claim[0])), claims)
 
     def _release(self, inv: Invocation, claims: list[tuple[str, str]]) -> None:
         self.pool.map(lambda claim: self.cycle.release(inv, *claim), claims)

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _LONGEST_INVOCATION_MS = 900_000  # Lambda's 15-minute limit: the claim for a context with no deadline
 INIT_CHECK_S = 2.0  # the most the table check at init may take, retries included (Lambda's init has 10 s)
+KEYS_S = 3.0  # the most reading IDEMPOTENCY_RECORD_MAC_KEY's keys at init may take, every source together
 _logger = logging.getLogger(LOGGER_NAME)
 
 
@@ -70,6 +71,17 @@ def _unopened(config: _config.Config, error: Exception) -> str:
             f"{type(error).__name__}: {error}; check AWS_REGION, the credentials and AWS_ENDPOINT_URL_DYNAMODB")
 
 
+def _record_mac(config: _config.Config, store: Any) -> Any:
+    """The record MAC of IDEMPOTENCY_RECORD_MAC_KEY for `store`: its keys read once, within KEYS_S of init
+    (`aws.secrets.read_secret`, whose errors name the setting and the source, never a key)."""
+    from .aws.secrets import read_secret
+    from .deadline import Deadline
+    from .record_mac import RecordMac
+
+    by = Deadline.after(KEYS_S).at  # (time.monotonic()'s clock)
+    return RecordMac([read_secret(source, os.environ, by) for source in config.record_mac_sources], store.identity)
+
+
 def build(config: _config.Config, user_handler: Any, *, transport: Any = None, store: Any = None,
           cycle: Any = None) -> Any:
     """The handler that makes `user_handler` idempotent under `config`: each event planned (`sources.plan`) and the
@@ -94,9 +106,10 @@ def build(config: _config.Config, user_handler: Any, *, transport: Any = None, s
             # deadline.
             store.verify(Deadline.after(INIT_CHECK_S))
         bucket = open_bucket(config)  # None without IDEMPOTENCY_LARGE_RESULTS_BUCKET, and no S3 code imported
+        mac = _record_mac(config, store) if config.record_mac_sources else None
         cycle = Cycle(store, config.ttl_seconds, config.local_cache_size, results=runtime_results(),
                       min_claim_ms=config.in_progress_seconds * 1000, wait_seconds=config.wait_seconds,
-                      precheck=config.batch_precheck, bucket=bucket)
+                      precheck=config.batch_precheck, bucket=bucket, mac=mac)
     earlier = None
     if config.powertools_handler is not None:  # a migration from Powertools' @idempotent: imported only then
         from .powertools import Reader

@@ -29,13 +29,15 @@ if TYPE_CHECKING:
     from .deadline import Deadline
     from .keeping import Keeper
     from .results import Results
-    from .stores.protocol import Store
+    from .stores.protocol import Record, Store
 
 
 def reader(store: Store, keeper: Keeper, key: str, fingerprint: str | None, results: Results,
-           clock: Callable[[], float], withheld: Callable[[Any], bool]) -> Callable[[Deadline], Earlier | None]:
+           clock: Callable[[], float], withheld: Callable[[Any], bool],
+           authenticate: Callable[[Record], None]) -> Callable[[Deadline], Earlier | None]:
     """The read of previous key `key` for a request whose payload has `fingerprint`: what its record says (an
-    `Earlier`), or None. A result `withheld` refuses (one the new version would not have stored) is as none."""
+    `Earlier`), or None. A result `withheld` refuses (one the new version would not have stored) is as none. A
+    completed record must pass `authenticate` (the cycle's record MAC, when one is set) before it is decoded."""
 
     def read(deadline: Deadline) -> Earlier | None:
         record = store.get(key, deadline)
@@ -49,6 +51,7 @@ def reader(store: Store, keeper: Keeper, key: str, fingerprint: str | None, resu
             return Earlier(said, completed=record.status == COMPLETED, mismatch=True)
         if record.status != COMPLETED:
             return Earlier(said, completed=False)
+        authenticate(record)  # raises for a record that is not authentic: never decoded or replayed
         if record.result is None:
             raise IdempotencyPersistenceLayerError(f"record {key!r} is completed but has no result format")
         value = keeper.decode(key, record.result, results, deadline)  # raises for one it cannot hand back

@@ -33,6 +33,7 @@ ROWS = {
     "stores.valkey": 33,
     "stores.valkey.store": 32,
     "stores.dynamodb.store": 30,
+    "record_mac": 29,
     "stores.protocol": 28,
     "stores.dynamodb": 26,
     "stores.dynamodb.client": 25, "stores.dynamodb.boto3_client": 25, "stores.valkey.auth": 25,

@@ -21,6 +21,7 @@ from . import CHECK_FAILED, DynamoDBError, Transport
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 _logger = logging.getLogger("idempotency_layer")
@@ -38,6 +39,10 @@ _PERMANENT = frozenset({
     "MissingAuthenticationTokenException", "InvalidSignatureException", "KMSAccessDeniedException",
     "KMSDisabledException", "KMSNotFoundException", "KMSInvalidStateException", "SerializationException",
 })
+
+
+# The attribute a completed record's MAC is stored in (IDEMPOTENCY_RECORD_MAC_KEY); never written without it.
+MAC_ATTR = "mac"
 
 
 def _number(value: dict[str, Any] | None) -> int | None:
@@ -62,6 +67,9 @@ class DynamoDBStore:
         self.name = table
         self.where = f"table {table!r}"
         self.read_grant = f"dynamodb:BatchGetItem on table {table!r}"
+        # A table name travels with its items (global tables replicate them under it); the partition value, in the
+        # sort-key layout, is part of every record's place.
+        self.identity = f"dynamodb:{table}" + ("" if attributes.sort_key is None else f"#{partition_value}")
         self.attr = attributes
         self.partition_value = partition_value
         a = attributes
@@ -197,10 +205,12 @@ class DynamoDBStore:
             result = codec.Encoded(form, data)
         owner = item.get(a.owner)
         fingerprint = item.get(a.payload_hash)
+        mac = item.get(MAC_ATTR)
         owner = None if owner is None else owner["S"]
         fingerprint = None if fingerprint is None else fingerprint["S"]
-        if not isinstance(owner, (str, type(None))) or not isinstance(fingerprint, (str, type(None))):
-            raise TypeError("owner or fingerprint")
+        mac = None if mac is None else mac["S"]
+        if not all(isinstance(value, (str, type(None))) for value in (owner, fingerprint, mac)):
+            raise TypeError("owner, fingerprint or mac")
         return Record(
             key=key,
             status=status,
@@ -209,6 +219,7 @@ class DynamoDBStore:
             owner=owner,
             result=result,
             fingerprint=fingerprint,
+            mac=mac,
         )
 
     # -- the protocol -----------------------------------------------------------------------------------
@@ -258,7 +269,7 @@ class DynamoDBStore:
         return None
 
     def complete(self, key: str, owner: str, result: codec.Encoded, expires_at: int,
-                 deadline: Deadline | None = None) -> bool:
+                 deadline: Deadline | None = None, seal: Callable[[codec.Encoded], str] | None = None) -> bool:
         a = self.attr
         names = {"#s": a.status, "#e": a.expires_at, "#o": a.owner, "#f": a.result_format, "#r": a.result}
         values: dict[str, Any] = {
@@ -267,10 +278,14 @@ class DynamoDBStore:
             ":me": {"S": owner},
             ":fmt": {"S": result.format},
         }
+        sets = "SET #s = :completed, #e = :exp, #f = :fmt"
+        if seal is not None:
+            names["#m"], values[":mac"] = MAC_ATTR, {"S": seal(result)}
+            sets += ", #m = :mac"
         if result.data is None:
-            update = "SET #s = :completed, #e = :exp, #f = :fmt REMOVE #r"
+            update = sets + " REMOVE #r"
         else:
-            update = "SET #s = :completed, #e = :exp, #f = :fmt, #r = :result"
+            update = sets + ", #r = :result"
             data = result.data
             if codec.is_binary(result.format):
                 values[":result"] = {"B": data if isinstance(data, bytes) else data.encode()}
@@ -295,7 +310,7 @@ class DynamoDBStore:
             if result.data is None or not too_big:
                 raise
             # Our size estimate was off; completing without the result still keeps the handler from rerunning.
-            return self.complete(key, owner, codec.Encoded(codec.TOO_LARGE, None), expires_at, deadline)
+            return self.complete(key, owner, codec.Encoded(codec.TOO_LARGE, None), expires_at, deadline, seal)
         return True
 
     def release(self, key: str, owner: str, deadline: Deadline | None = None) -> bool:
@@ -360,7 +375,8 @@ class DynamoDBStore:
         item = self._call("GetItem", key, params, deadline).get("Item")
         return None if item is None else dict(item)
 
-    def read(self, keys: list[str], deadline: Deadline | None = None) -> tuple[dict[str, Record], list[str]]:
+    def read(self, keys: list[str], deadline: Deadline | None = None, whole: bool = False
+             ) -> tuple[dict[str, Record], list[str]]:
         a = self.attr
         if not 0 < len(keys) <= READ_KEYS:
             raise ValueError(f"a read takes 1 to {READ_KEYS} keys, not {len(keys)}")
@@ -369,6 +385,8 @@ class DynamoDBStore:
         # table could not read: https://docs.aws.amazon.com/amazondynamodb/latest/APIReference/API_BatchGetItem.html)
         # and a batch record does not replay.
         wanted = [a.key, a.status, a.expires_at, a.payload_hash] + ([a.sort_key] if a.sort_key else [])
+        if whole:  # what a record's MAC covers: a batch record's result is none, so this adds little
+            wanted += [a.owner, a.result_format, a.result, MAC_ATTR]
         names = {f"#a{i}": name for i, name in enumerate(wanted)}
         params = {"RequestItems": {self.table: {
             "Keys": [self._item_key(key) for key in keys],
