@@ -178,11 +178,11 @@ def _completion_failed(environment: Environment, inv: Invocation, key: str, erro
         logger.error("%s", environment.refusal, extra=fields(key))
 
 
-def _sealing(mac: RecordMac | None, key: str, expires_at: int, owner: str,
-             fingerprint: str | None) -> dict[str, Any]:
-    """What `store.complete` is given beyond its arguments: nothing, or the seal of the record it writes."""
-    if mac is None:
-        return {}
+_UNSEALED: dict[str, Any] = {}  # what `store.complete` is given beyond its arguments without a record MAC
+
+
+def _sealing(mac: RecordMac, key: str, expires_at: int, owner: str, fingerprint: str | None) -> dict[str, Any]:
+    """What `store.complete` is given beyond its arguments with a record MAC: the seal of the record it writes."""
     return {"seal": lambda stored: mac.seal(key, expires_at, owner, stored, fingerprint)}
 
 
@@ -387,7 +387,7 @@ class Cycle:
             # until `last + LAST_CHANCE_S`), so the time a completion gets never shrinks as the handler ends later.
             last = deadline.earlier(LATE_COMPLETE_MARGIN_MS / 1000 + LAST_CHANCE_S)
         retry_by = deadline.earlier(COMPLETE_MARGIN_MS / 1000)
-        sealed = _sealing(self.mac, key, expires_at, owner, fingerprint)
+        sealed = _UNSEALED if self.mac is None else _sealing(self.mac, key, expires_at, owner, fingerprint)
         attempt = 1
         while True:
             try:
@@ -469,7 +469,7 @@ class Cycle:
                 return True
             now = self.clock()
             if not record.is_expired(now):
-                if record.status == COMPLETED and self.mac is not None:
+                if self.mac is not None and record.status == COMPLETED:
                     _authenticate(self.mac, inv, record)  # before its fingerprint, which it covers, or any use
                 if record.status == COMPLETED or not record.is_claim_expired(now):
                     check_fingerprint(key, record.fingerprint, fingerprint)  # before any replay or wait
@@ -515,7 +515,7 @@ class Cycle:
             poll_s = time.monotonic() - polled
             now = self.clock()
             if record is not None and not record.is_expired(now):
-                if record.status == COMPLETED and self.mac is not None:
+                if self.mac is not None and record.status == COMPLETED:
                     _authenticate(self.mac, inv, record)
                 check_fingerprint(key, record.fingerprint, fingerprint)
                 if record.status == COMPLETED:

@@ -348,7 +348,8 @@ class Executor:
                                                      self.settings.stream_checkpoint)
             if note is not None:
                 logger.info("%s", note, extra=fields(None, "released"))
-            prints = {unit.key: unit.fingerprint for unit in plan.units if unit.first is None}
+            prints = ({} if self.cycle.mac is None else  # what a record's MAC covers: each key's claim fingerprint
+                      {unit.key: unit.fingerprint for unit in plan.units if unit.first is None})
             self._complete(inv, [(key, owner) for key, owner in owned if key not in failed_keys], prints)
             self._release(inv, [(key, owner) for key, owner in owned if key in failed_keys])
         return rules.respond(plan, value, bool(passed), failed, self.settings.fail_whole_batch)

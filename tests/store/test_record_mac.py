@@ -113,7 +113,7 @@ def test_a_forged_whole_event_answer_raises_and_nothing_runs(interceptor, store,
     assert "attacker" not in str(raised.value) and function.runs == []
 
 
-def test_a_forged_http_redirect_with_a_cookie_is_answered_503(interceptor, store):
+def test_a_forged_http_redirect_with_a_cookie_is_answered_503(interceptor, store, caplog):
     request = v2("POST", "/orders", {"Idempotency-Key": "k-42"}, "{}")
     scratch = v2("POST", "/orders", {"Idempotency-Key": "scratch"}, "{}")
     plain = Function(interceptor, store, None, user=lambda event, context: EVIL)
@@ -124,9 +124,13 @@ def test_a_forged_http_redirect_with_a_cookie_is_answered_503(interceptor, store
     plant(store, key, stored)
     replayed = Function(interceptor, store, None)(request)
     assert replayed["statusCode"] == 302 and "session=attacker" in json.dumps(replayed)  # E2 2, without the setting
+    caplog.clear()
     answer = function(request)
     assert answer["statusCode"] == 503 and "attacker" not in json.dumps(answer) and "evil" not in json.dumps(answer)
     assert function.runs == []
+    said = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(said) == 1 and "failed its authentication" in said[0].getMessage()  # one line, the key alone
+    assert "attacker" not in caplog.text and "evil" not in caplog.text
 
 
 class Listener:
@@ -274,3 +278,22 @@ def test_a_batch_sealed_with_a_fingerprint_replays_through_the_precheck_and_the_
     assert function(sqs_event(messages)) == {"batchItemFailures": []}  # the pre-check's read
     assert function(sqs_event(messages[:1])) == {"batchItemFailures": []}  # one record: its claim
     assert len(function.runs) == 1
+
+
+def test_a_durable_executions_forged_result_is_refused_and_its_own_record_replays(store):
+    # What the executor asks of the cycle for a durable execution (IDEMPOTENCY_DURABLE=execution): `take`, the
+    # execution's ARN as the owner. A planted record, even one naming that owner, is refused before any use.
+    from idempotency_layer.cycle import Cycle, Found
+    from idempotency_layer.invocation import Invocation
+    from idempotency_layer.record_mac import RecordMac
+
+    cycle = Cycle(store, ttl_seconds=3600, mac=RecordMac([os.urandom(32)], store.identity))
+    execution = "arn:aws:lambda:us-east-1:123456789012:function:orders:$LATEST/durable-execution/run/1"
+    plant(store, "orders#durable-forged", codec.Encoded(codec.JSON, json.dumps(FORGED)), owner=execution)
+    with pytest.raises(IdempotencyPersistenceLayerError, match="it has no mac"):
+        cycle.take(Invocation(30_000), "orders#durable-forged", owner=execution)
+    claimed = cycle.take(Invocation(30_000), "orders#durable-own", owner=execution)
+    assert cycle.complete(Invocation(30_000), "orders#durable-own", claimed.owner,
+                          codec.Encoded(codec.JSON, '"SUCCEEDED"'))
+    found = cycle.take(Invocation(30_000), "orders#durable-own", owner="arn:another-execution")
+    assert isinstance(found, Found) and found.record.result.data in ('"SUCCEEDED"', b'"SUCCEEDED"')

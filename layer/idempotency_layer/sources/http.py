@@ -508,6 +508,7 @@ def answer(request: Request, error: errors.IdempotencyError, key: str, payload_j
         logger.warning("%s; answered 400", error, extra=fields(key))
         return problem(request, 400, _DETAILS["key"], request_id=request_id)
     if isinstance(error, (errors.IdempotencyPersistenceLayerError, errors.IdempotencyClaimConflictError)):
-        logger.error("%s; answered 503", error, extra=fields(key, "store_error"))
+        if not getattr(error, "integrity", False):  # a record refused as not authentic was said where it was read
+            logger.error("%s; answered 503", error, extra=fields(key, "store_error"))
         return problem(request, 503, _DETAILS["store"], retry_after=1, request_id=request_id)
     raise error
