@@ -208,9 +208,12 @@ class DynamoDBStore:
         mac = item.get(MAC_ATTR)
         owner = None if owner is None else owner["S"]
         fingerprint = None if fingerprint is None else fingerprint["S"]
-        mac = None if mac is None else mac["S"]
-        if not all(isinstance(value, (str, type(None))) for value in (owner, fingerprint, mac)):
-            raise TypeError("owner, fingerprint or mac")
+        if not isinstance(owner, (str, type(None))) or not isinstance(fingerprint, (str, type(None))):
+            raise TypeError("owner or fingerprint")
+        if mac is not None:
+            mac = mac["S"]
+            if not isinstance(mac, str):
+                raise TypeError("mac")
         return Record(
             key=key,
             status=status,
