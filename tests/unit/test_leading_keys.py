@@ -336,7 +336,8 @@ class Objects:
         self.seen: list[tuple[str, str, bool]] = []
         store = self
 
-        def request(bucket: Any, method: str, object_key: str, body: bytes, deadline: Any, *rest: Any, **options: Any) -> Any:
+        def request(bucket: Any, method: str, object_key: str, body: bytes, deadline: Any, *rest: Any,
+                    **options: Any) -> Any:
             ok = method in ("PUT", "GET") and object_key.startswith(allowed)
             store.seen.append((method, object_key, ok))
             if not ok:
