@@ -297,3 +297,24 @@ def test_a_durable_executions_forged_result_is_refused_and_its_own_record_replay
                           codec.Encoded(codec.JSON, '"SUCCEEDED"'))
     found = cycle.take(Invocation(30_000), "orders#durable-own", owner="arn:another-execution")
     assert isinstance(found, Found) and found.record.result.data in ('"SUCCEEDED"', b'"SUCCEEDED"')
+
+
+def test_a_forged_record_under_an_http_requests_previous_key_is_refused(interceptor, store):
+    # The previous-key consult (IDEMPOTENCY_HTTP_PREVIOUS_KEYS=consult) reads a completed record too: it is
+    # authenticated before it is decoded, like the record under the request's own key.
+    request = v2("POST", "/orders", {"Idempotency-Key": "k-previous"}, "{}")
+    scratch = v2("POST", "/orders", {"Idempotency-Key": "scratch-previous"}, "{}")
+    plain = Function(interceptor, store, None, user=lambda event, context: {"statusCode": 200, "body": "forged"})
+    plain(scratch)
+    stored = store.get(plain.keys_of(scratch)[0]).result
+    function = Function(interceptor, store, ON, user=lambda event, context: {"statusCode": 201, "body": "fresh"})
+    config = function.config
+    [unit] = plan(config, KeyDeriver(config.key_prefix, config.key_jmespath, config.payload_jmespath), request).units
+    assert unit.previous is not None and unit.previous != unit.key
+    plant(store, unit.previous, stored)
+    answer = function(request)
+    assert answer["statusCode"] == 503 and "forged" not in json.dumps(answer) and function.runs == []
+    # Our claim on the new key was released, and the plant is really read by the consult: without the setting, a
+    # function replays it (as the previous version's record it pretends to be).
+    control = Function(interceptor, store, None, user=lambda event, context: {"statusCode": 201, "body": "fresh"})
+    assert control(request)["body"] == "forged" and control.runs == []
