@@ -126,3 +126,24 @@ def test_credentials_in_the_scope_or_no_credentials_are_not_counted(build, caplo
     docs = _metrics_tests.documents(capsys, 3)
     assert all("AnonymousScope" not in doc for doc in docs), docs
     assert not [r for r in caplog.records if "scoped to no caller" in r.getMessage()]
+
+
+@pytest.mark.parametrize("form", ["rest", "v2"])
+def test_a_caller_header_sent_blank_scopes_no_one(build, form: str) -> None:
+    # IDEMPOTENCY_CALLER_HEADERS=Authorization, and both clients send it blank (a logged-out single-page app): the
+    # blank value names no one, so Alice's cookie response is not stored and Mallory runs with her own.
+    function = build(IDEMPOTENCY_METRICS="off", IDEMPOTENCY_KEY_JMESPATH=None,
+                     IDEMPOTENCY_CALLER_HEADERS="Authorization")
+    served = _session_handler(function, form)
+
+    def blank(user: str) -> dict[str, Any]:
+        event = _request(form, user, f"blank-{form}")
+        event["headers"]["Authorization"] = ""
+        if "multiValueHeaders" in event:
+            event["multiValueHeaders"]["Authorization"] = [""]
+        return event
+
+    function(blank("alice"))
+    mallory = function(blank("mallory"))
+    assert "alice" not in json.dumps(mallory) and json.loads(mallory["body"])["user"] == "mallory"
+    assert served == ["alice", "mallory"]

@@ -122,3 +122,14 @@ def test_an_anonymous_request_names_no_caller_and_carries_no_caller_header():
     assert http.anonymous(alb, ()) and http.anonymous(alb, ("cookie",))
     assert not http.anonymous(alb, ("cookie", "authorization"))
     assert not http.anonymous(http.parse(REST), ())  # its authorizer names the caller
+
+
+@pytest.mark.parametrize("value", ["", " ", "\t"])
+def test_a_caller_header_sent_blank_names_no_one(value):
+    # A blank value keys a scope of its own, but every client that sends it blank shares that scope: for the cookie
+    # rule and the warning it is anonymous (a hostile review found Mallory replayed Alice's cookie through it).
+    blank = http.parse({**ALB, "headers": {"idempotency-key": "k", "authorization": value}})
+    assert http.anonymous(blank, ("authorization",))
+    named = http.parse({**ALB, "headers": {"idempotency-key": "k", "authorization": "Bearer x"}})
+    assert not http.anonymous(named, ("authorization",))
+    assert http.key_material(blank, "k", ("authorization",)) != http.key_material(named, "k", ("authorization",))

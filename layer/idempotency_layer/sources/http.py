@@ -323,9 +323,11 @@ def storable(request: Request, response: Any, key: str) -> bool:
 
 def anonymous(request: Request, caller_headers: tuple[str, ...]) -> bool:
     """Whether nothing scopes the request's key to its caller: no authorizer, IAM, mTLS or ALB identity names one,
-    and it carries none of `caller_headers` (IDEMPOTENCY_CALLER_HEADERS, lower-cased). Every such caller shares
-    one scope per key."""
-    return request.caller is None and not any(name in request.headers for name in caller_headers)
+    and it carries none of `caller_headers` (IDEMPOTENCY_CALLER_HEADERS, lower-cased) with a value that is not
+    blank. Every such caller shares one scope per key. (A blank header keys a scope of its own, but it names no
+    one: every client that sends it blank shares that scope, so a cookie set for it is not stored either.)"""
+    return request.caller is None and not any(
+        any(value.strip() for value in request.headers.get(name, ())) for name in caller_headers)
 
 
 def sets_cookie(request: Request, response: Any) -> bool:
