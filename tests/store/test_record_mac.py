@@ -116,8 +116,10 @@ def test_a_forged_whole_event_answer_raises_and_nothing_runs(interceptor, store,
 def test_a_forged_http_redirect_with_a_cookie_is_answered_503(interceptor, store, caplog):
     request = v2("POST", "/orders", {"Idempotency-Key": "k-42"}, "{}")
     scratch = v2("POST", "/orders", {"Idempotency-Key": "scratch"}, "{}")
-    plain = Function(interceptor, store, None, user=lambda event, context: EVIL)
-    plain(scratch)  # the form the layer stores an HTTP answer in, as the attacker computes it
+    # The form the layer stores an HTTP answer in, as the attacker computes it (shared: a cookie response to an
+    # anonymous caller is stored only so, since IDEMPOTENCY_HTTP_ANONYMOUS).
+    plain = Function(interceptor, store, None, user=lambda event, context: EVIL, IDEMPOTENCY_HTTP_ANONYMOUS="shared")
+    plain(scratch)
     stored = store.get(plain.keys_of(scratch)[0]).result
     function = Function(interceptor, store, ON)
     [key] = function.keys_of(request)
