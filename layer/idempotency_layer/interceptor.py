@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _LONGEST_INVOCATION_MS = 900_000  # Lambda's 15-minute limit: the claim for a context with no deadline
 INIT_CHECK_S = 2.0  # the most the table check at init may take, retries included (Lambda's init has 10 s)
-KEYS_S = 3.0  # the most reading IDEMPOTENCY_RECORD_MAC_KEY's keys at init may take, every source together
 _logger = logging.getLogger(LOGGER_NAME)
 
 
@@ -72,14 +71,11 @@ def _unopened(config: _config.Config, error: Exception) -> str:
 
 
 def _record_mac(config: _config.Config, store: Any) -> Any:
-    """The record MAC of IDEMPOTENCY_RECORD_MAC_KEY for `store`: its keys read once, within KEYS_S of init
-    (`aws.secrets.read_secret`, whose errors name the setting and the source, never a key)."""
-    from .aws.secrets import read_secret
-    from .deadline import Deadline
-    from .record_mac import RecordMac
+    """The record MAC of IDEMPOTENCY_RECORD_MAC_KEY for `store`: its keys read once, within record_mac.KEYS_S of
+    init (`record_mac.keyed`, whose errors name the setting and the source, never a key)."""
+    from .record_mac import keyed
 
-    by = Deadline.after(KEYS_S).at  # (time.monotonic()'s clock)
-    return RecordMac([read_secret(source, os.environ, by) for source in config.record_mac_sources], store.identity)
+    return keyed(config, os.environ, store.identity)
 
 
 def build(config: _config.Config, user_handler: Any, *, transport: Any = None, store: Any = None,

@@ -1,6 +1,7 @@
 """Record authentication (IDEMPOTENCY_RECORD_MAC_KEY): the MAC a completion seals its record with, and the check
-every completed record passes before any use of it (docs/record-authentication.md). Pure: the keys are read by the
-interceptor at init (`aws.secrets.read_secret`) and given here as bytes.
+every completed record passes before any use of it (docs/record-authentication.md). Pure but for `keyed`, which
+reads the keys (`aws.secrets.read_secret`) for the interceptor at init and for the CLI's show and doctor, so that
+both read them alike.
 
 A completed record's MAC is HMAC-SHA256, under the key of its key id, over the canonical encoding of
 
@@ -27,13 +28,17 @@ from .stores.protocol import COMPLETED
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from . import codec
+    from .config import Config
     from .stores.protocol import Record
 
 SETTING = "IDEMPOTENCY_RECORD_MAC_KEY"
 FORMAT = 1  # the canonical tuple's layout; a new layout takes a new number, so no two layouts share an encoding
 MIN_KEY_BYTES = 32
 KEY_ID_CONTEXT = b"idempotency-layer key id"
+KEYS_S = 3.0  # the most reading the keys may take, every source together (at init: Lambda's init has 10 s)
 
 
 def key_id(key: bytes) -> str:
@@ -129,3 +134,14 @@ class RecordMac:
                 "was not written by this function under a configured key, so it is not used; the handler did not run",
                 permanent=True, integrity=True,
             )
+
+
+def keyed(config: Config, env: Mapping[str, str], store_id: str) -> RecordMac:
+    """The record MAC of `config`'s IDEMPOTENCY_RECORD_MAC_KEY for the store `store_id`: its keys read once, from
+    `env` (an `env:` source) and as `env`'s credentials, within KEYS_S; IdempotencyConfigurationError (naming the
+    setting and the source, never a key) when a key cannot be read or is not one."""
+    from .aws.secrets import read_secret
+    from .deadline import Deadline
+
+    by = Deadline.after(KEYS_S).at  # (time.monotonic()'s clock)
+    return RecordMac([read_secret(source, env, by) for source in config.record_mac_sources], store_id)

@@ -354,7 +354,10 @@ def run(args: Any, env: dict[str, str]) -> list[Check]:
     except IdempotencyConfigurationError as error:
         return [*checks, Check("settings", FAIL, str(error), "fix the setting it names")]
     where = f"table {config.table}" if config.store == "dynamodb" else f"store {config.valkey!r}"
-    checks.append(Check("settings", PASS, f"valid: {where}, key prefix {config.key_prefix!r}, scope {config.scope}"))
+    keys, unread = record_mac_keys(config, env, bool(args.function))
+    checks.append(Check("settings", FAIL, unread, "fix the key source it names" + _AS_OPERATOR * bool(args.function))
+                  if unread else Check("settings", PASS, f"valid: {where}, key prefix {config.key_prefix!r}, scope "
+                                       f"{config.scope}{keys}"))
     checks.append(key_check(config))
     if config.disabled:
         checks.append(Check("disabled", WARN, "IDEMPOTENCY_DISABLED is true: the runtime calls the handler directly "
@@ -381,6 +384,27 @@ def run(args: Any, env: dict[str, str]) -> list[Check]:
     from .checks import dynamodb
 
     return checks + dynamodb.checks(config, transport) + _bucket_checks(config)
+
+
+_AS_OPERATOR = (" (doctor --function reads the keys with your credentials, not the function's role, and an env: "
+                "source from the function's environment)")
+
+
+def record_mac_keys(config: Any, env: dict[str, str], deployed: bool) -> tuple[str, str | None]:
+    """IDEMPOTENCY_RECORD_MAC_KEY's keys read as init reads them (`record_mac.keyed`): what the settings line says
+    of them, and init's message when one cannot be read or is no key (None: they are keys). `deployed`: doctor
+    --function, whose `env` is the function's environment but whose credentials are the operator's."""
+    if not config.record_mac_sources:
+        return "", None
+    from ..record_mac import keyed
+
+    try:
+        mac = keyed(config, env, "")  # only the keys are checked: no record is read, so no store binds them
+    except IdempotencyConfigurationError as error:
+        return "", str(error)
+    whose = ", read with your credentials, not the function's role" if deployed else ""
+    return f"; IDEMPOTENCY_RECORD_MAC_KEY: {len(mac.key_ids)} key(s) read as init reads them{whose} (current " \
+           f"key id {mac.current})", None
 
 
 def _bucket_checks(config: Any) -> list[Check]:

@@ -15,6 +15,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from ..record_mac import RecordMac
     from ..stores.protocol import Record, Store
 
 
@@ -61,9 +62,13 @@ def _meaning(found: str, result: codec.Encoded | None) -> str:
     return found
 
 
-def facts(record: Record, now: float, with_result: bool, bucket: Any = None) -> dict[str, Any]:
+def facts(record: Record, now: float, with_result: bool, bucket: Any = None,
+          mac: RecordMac | str | None = None) -> dict[str, Any]:
     """What `show` says of `record`; with `with_result`, its result decoded, read (a result in the large-results
-    bucket) through `bucket`, the setting's bucket or None, as a replay reads it."""
+    bucket) through `bucket`, the setting's bucket or None, as a replay reads it. `mac`: under
+    IDEMPOTENCY_RECORD_MAC_KEY its keys (`record_mac.keyed`), or why they could not be read; None without it. A
+    completed record is then authenticated as a copy authenticates it, and the result of one that is not authentic,
+    or was not checked, is never decoded."""
     result = record.result
     data = None if result is None else result.data
     size = None if data is None else len(data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass"))
@@ -82,11 +87,38 @@ def facts(record: Record, now: float, with_result: bool, bucket: Any = None) -> 
         "result_bytes": size,
         "fingerprint": record.fingerprint,
     }
+    withheld = None if mac is None else _authenticated(shown, record, mac)
     if result is not None and result.format.startswith(codec.STORED):
         shown["result_object"] = _stored_at(result, bucket)
     if with_result:
-        shown["result"] = _decoded(record.key, result, bucket)
+        shown["result"] = {"none": withheld} if withheld else _decoded(record.key, result, bucket)
     return shown
+
+
+def _authenticated(shown: dict[str, Any], record: Record, mac: RecordMac | str) -> str | None:
+    """Add to `shown` whether `record` is authentic (`authentic`: True, False, or None when not checked), and, for
+    a live completed record that is not known to be, what copies do with it; why its result is withheld, or None."""
+    fault, unchecked = None, None
+    if record.status != COMPLETED:
+        unchecked = "an in-progress claim is not sealed (it carries no result)"
+    elif isinstance(mac, str):
+        unchecked = mac
+    else:
+        fault = mac.fault(record)
+    authentic = None if unchecked else fault is None
+    shown.update(authentic=authentic, integrity_fault=fault, authentication_not_checked=unchecked)
+    live = shown["state"] == "completed"
+    if fault is not None:
+        if live:
+            shown["meaning"] = (f"fails its authentication: {fault}; copies refuse it: HTTP 503, a batch record "
+                                "reported failed")
+        return f"withheld: the record is not authentic ({fault})"
+    if unchecked is not None and record.status == COMPLETED:
+        if live:
+            shown["meaning"] = ("its authentication was not checked here, so whether copies use it or refuse it "
+                                "(HTTP 503, a batch record reported failed) is not known")
+        return "withheld: the record's authentication was not checked"
+    return None
 
 
 def _stored_at(result: codec.Encoded, bucket: Any) -> dict[str, Any] | None:
@@ -145,6 +177,11 @@ def show_text(shown: dict[str, Any]) -> list[str]:
                                   else f"{clean(shown['result_format'])}, {shown['result_bytes'] or 0} bytes stored"),
         f"fingerprint:       {clean(shown['fingerprint'] or '-')}",
     ]
+    if "authentic" in shown:  # IDEMPOTENCY_RECORD_MAC_KEY is set
+        authentic = shown["authentic"]
+        lines.append("authentic:         " + ("yes" if authentic else f"NO: {clean(shown['integrity_fault'])}"
+                                              if authentic is False else
+                                              f"not checked: {clean(shown['authentication_not_checked'])}"))
     if "result_object" in shown:
         found = shown["result_object"]
         lines.append("result object:     " + ("a pointer this layer cannot read" if found is None else
