@@ -149,7 +149,7 @@ def test_doctor_fails_on_keys_init_fails_on(env, keys):
 
 def test_doctor_passes_a_valid_key(env):
     status, found = settings_check(env)
-    assert found["status"] == "PASS", found
+    assert status == 0 and found["status"] == "PASS", found
     assert found["detail"].endswith(f"; IDEMPOTENCY_RECORD_MAC_KEY: 1 key(s) read as init reads them (current key "
                                     f"id {key_id(KEY.encode())})")
 
