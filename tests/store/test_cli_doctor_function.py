@@ -14,7 +14,7 @@ from typing import Any
 import boto3
 import pytest
 
-from idempotency_layer.cli.checks.dynamodb import ITEM_ACTIONS
+from idempotency_layer.cli.checks.dynamodb import BULK_ACTIONS, ITEM_ACTIONS
 from tests.store.test_cli_commands import cli_env, run
 from tests.support.iam_simulator import IAMSimulator
 from tests.support.sqs_server import SQSServer
@@ -78,7 +78,7 @@ def iam() -> Any:
     """IAM's policy simulator, emulated (tests/support/iam_simulator.py): moto's IAM has no SimulatePrincipalPolicy.
     The shared role `orders-role` is confined to `orders#*`, as the README's policy confines it."""
     simulator = IAMSimulator()
-    simulator.grant("arn:aws:iam::123456789012:role/orders-role", list(ITEM_ACTIONS), ["orders#*"])
+    simulator.grant("arn:aws:iam::123456789012:role/orders-role", list(ITEM_ACTIONS), ["orders#*"], null_guard=True)
     yield simulator
     simulator.stop()
 
@@ -112,7 +112,7 @@ def test_doctor_passes_a_function_set_up_right(moto, deployed, layer_env, table,
     assert mappings.count("ReportBatchItemFailures is on") == 2
     assert said["permission DeleteItem"].startswith("probe key orders#doctor-probe-")
     assert said["role isolation"] == "the role is confined to orders#*: IAM's policy simulator denies every item " \
-        "action on 'zz-other#x'"
+        "action on 'zz-other#x' or with no leading key, and Scan, Query and PartiQL"
 
 
 def test_doctor_fails_a_function_set_up_wrong_and_prints_each_fix(moto, deployed, layer_env, table):
@@ -173,7 +173,10 @@ def test_doctor_warns_when_the_role_reaches_keys_outside_its_prefix(moto, deploy
     assert code == 0, out  # a warning
     assert (f"WARN role isolation: the role {role} may call dynamodb:GetItem, dynamodb:PutItem, dynamodb:UpdateItem, "
             "dynamodb:DeleteItem, dynamodb:BatchGetItem on keys outside orders-wide#* (IAM's policy simulator allows "
-            "them on 'zz-other#x'): it can read, forge or delete other functions' records in the table\n"
+            "them on 'zz-other#x'): it can read, forge or delete other functions' records in the table; the role "
+            f"{role} may call dynamodb:GetItem, dynamodb:PutItem, dynamodb:UpdateItem, dynamodb:DeleteItem, "
+            "dynamodb:BatchGetItem with no dynamodb:LeadingKeys: the Null dynamodb:LeadingKeys false guard is "
+            "missing (ForAllValues holds for a request naming no key)\n"
             "     fix: confine the role's statement on the table with ForAllValues:StringLike on "
             "dynamodb:LeadingKeys ['orders-wide#*'] and Null dynamodb:LeadingKeys false, with no Scan, Query or "
             "PartiQL in it (docs/security.md)\n") in out
@@ -185,25 +188,50 @@ def test_doctor_warns_when_the_role_reaches_keys_outside_its_prefix(moto, deploy
     assert (asked["ContextEntries.member.1.ContextKeyName"], asked["ContextEntries.member.1.ContextKeyType"],
             asked["ContextEntries.member.1.ContextKeyValues.member.1"]) == (
         "dynamodb:LeadingKeys", "stringList", "zz-other#x")
+    unkeyed = iam.seen[seen + 1]  # the second call: no context entry, the bulk requests too
+    assert [unkeyed[f"ActionNames.member.{n}"] for n in range(1, 12)] == list(ITEM_ACTIONS + BULK_ACTIONS)
+    assert not any(name.startswith("ContextEntries") for name in unkeyed)
     assert checks["role isolation"]["status"] == "WARN"
 
     # Confined, but with a read statement of no condition beside it: only the reads are named.
     role = plain_function(moto, "orders-reads", {"IDEMPOTENCY_TABLE": table})
-    iam.grant(role, list(ITEM_ACTIONS), ["orders-reads#*"])
+    iam.grant(role, list(ITEM_ACTIONS), ["orders-reads#*"], null_guard=True)
     iam.grant(role, ["dynamodb:GetItem", "dynamodb:BatchGetItem"], None)
     _, checks, _ = doctor_checks(doctor_env(moto, layer_env, table, iam), "orders-reads")
     assert checks["role isolation"]["detail"].startswith(
         f"the role {role} may call dynamodb:GetItem, dynamodb:BatchGetItem on keys outside orders-reads#* (")
 
 
+def test_doctor_warns_on_a_missing_null_guard_and_on_bulk_requests(moto, deployed, layer_env, table, iam):
+    role = plain_function(moto, "orders-unguarded", {"IDEMPOTENCY_TABLE": table})
+    iam.grant(role, list(ITEM_ACTIONS), ["orders-unguarded#*"])  # ForAllValues, no Null: a keyless request passes
+    code, checks, out = doctor_checks(doctor_env(moto, layer_env, table, iam), "orders-unguarded")
+    assert code == 0, out
+    assert checks["role isolation"]["status"] == "WARN"
+    assert checks["role isolation"]["detail"] == (
+        f"the role {role} may call dynamodb:GetItem, dynamodb:PutItem, dynamodb:UpdateItem, dynamodb:DeleteItem, "
+        "dynamodb:BatchGetItem with no dynamodb:LeadingKeys: the Null dynamodb:LeadingKeys false guard is missing "
+        "(ForAllValues holds for a request naming no key)")
+    role = plain_function(moto, "orders-scans", {"IDEMPOTENCY_TABLE": table})
+    iam.grant(role, list(ITEM_ACTIONS), ["orders-scans#*"], null_guard=True)
+    iam.grant(role, ["dynamodb:Scan", "dynamodb:PartiQLSelect"], None)
+    iam.grant(role, ["dynamodb:Query"], ["orders-scans#*"])  # a Query without the key names no key: it passes
+    _, checks, out = doctor_checks(doctor_env(moto, layer_env, table, iam), "orders-scans")
+    assert checks["role isolation"]["detail"] == (
+        f"the role {role} may call dynamodb:Scan, dynamodb:Query, dynamodb:PartiQLSelect on the table: they reach "
+        "every function's records"), out
+    assert "with no Scan, Query or PartiQL in it (docs/security.md)" in checks["role isolation"]["fix"]
+
+
 def test_doctor_passes_a_role_confined_to_its_prefix(moto, deployed, layer_env, table, iam):
     role = plain_function(moto, "orders-own", {"IDEMPOTENCY_TABLE": table})
-    iam.grant(role, list(ITEM_ACTIONS), ["orders-own#*"])
-    iam.grant(role, ["dynamodb:GetItem"], ["orders-own.app.handler#*"])  # the Powertools migration's read
+    iam.grant(role, list(ITEM_ACTIONS), ["orders-own#*"], null_guard=True)
+    # the Powertools migration's read
+    iam.grant(role, ["dynamodb:GetItem"], ["orders-own.app.handler#*"], null_guard=True)
     code, checks, out = doctor_checks(doctor_env(moto, layer_env, table, iam), "orders-own")
     assert code == 0, out
     assert ("PASS role isolation: the role is confined to orders-own#*: IAM's policy simulator denies every item "
-            "action on 'zz-other#x'\n") in out
+            "action on 'zz-other#x' or with no leading key, and Scan, Query and PartiQL\n") in out
     assert checks["role isolation"]["status"] == "PASS"
 
 
@@ -229,15 +257,16 @@ def test_doctor_says_when_the_isolation_check_cannot_run(moto, deployed, layer_e
 def test_doctor_isolation_in_the_sort_key_layout(moto, deployed, layer_env, sort_key_table, iam):
     settings = {"IDEMPOTENCY_TABLE": sort_key_table, "IDEMPOTENCY_KEY_ATTR": "pk", "IDEMPOTENCY_SORT_KEY_ATTR": "sk"}
     role = plain_function(moto, "orders-sk", settings)
-    iam.grant(role, list(ITEM_ACTIONS), ["idempotency#orders-sk"])  # StringEquals: a pattern without wildcards
+    # StringEquals: a pattern without wildcards
+    iam.grant(role, list(ITEM_ACTIONS), ["idempotency#orders-sk"], null_guard=True)
     seen = len(iam.seen)
     code, checks, out = doctor_checks(doctor_env(moto, layer_env, sort_key_table, iam), "orders-sk")
     assert code == 0, out
     assert iam.seen[seen]["ContextEntries.member.1.ContextKeyValues.member.1"] == "idempotency#zz-other"
     assert ("PASS role isolation: the role is confined to 'idempotency#orders-sk': IAM's policy simulator denies "
-            "every item action on 'idempotency#zz-other'\n") in out
+            "every item action on 'idempotency#zz-other' or with no leading key, and Scan, Query and PartiQL\n") in out
     role = plain_function(moto, "orders-sk-wide", settings)
-    iam.grant(role, list(ITEM_ACTIONS), ["idempotency#*"])  # every function's partition
+    iam.grant(role, list(ITEM_ACTIONS), ["idempotency#*"], null_guard=True)  # every function's partition
     _, checks, out = doctor_checks(doctor_env(moto, layer_env, sort_key_table, iam), "orders-sk-wide")
     assert checks["role isolation"]["status"] == "WARN", out
     assert "on keys outside 'idempotency#orders-sk-wide' (IAM's policy simulator allows them on " \

@@ -2,11 +2,14 @@
 implement SimulatePrincipalPolicy, and the real one cannot run here. It speaks IAM's query protocol (a form-encoded
 POST, an XML answer) on a free loopback port, for boto3 pointed at it with AWS_ENDPOINT_URL_IAM.
 
-It is an emulation of one condition only, the one doctor's isolation check asks about: each statement given to
+It is an emulation, not IAM: of the conditions doctor's isolation check asks about only. Each statement given to
 `grant` allows its actions on any resource, either with no condition (`leading_keys=None`) or under
 `ForAllValues:StringLike` on `dynamodb:LeadingKeys` (each value must match one of the patterns, `*` and `?` as IAM
-reads them). A role with no statement gets `implicitDeny`. `deny_callers()` makes every call answer 403
-AccessDenied, as IAM answers credentials without iam:SimulatePrincipalPolicy. Every request is kept in `seen`."""
+reads them), and with `null_guard=True` also `Null` `{dynamodb:LeadingKeys: false}`. A request with no
+dynamodb:LeadingKeys context entry is evaluated as IAM evaluates a missing key: ForAllValues over no values is
+true, so only the Null guard denies it. A role with no statement gets `implicitDeny`. `deny_callers()` makes every
+call answer 403 AccessDenied, as IAM answers credentials without iam:SimulatePrincipalPolicy. Every request is
+kept in `seen`."""
 
 from __future__ import annotations
 
@@ -49,7 +52,7 @@ class IAMSimulator(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self) -> None:
-        self.statements: dict[str, list[tuple[frozenset[str], tuple[str, ...] | None]]] = {}
+        self.statements: dict[str, list[tuple[frozenset[str], tuple[str, ...] | None, bool]]] = {}
         self.denied = False
         self.seen: list[dict[str, str]] = []
         super().__init__(("127.0.0.1", 0), _Handler)
@@ -57,17 +60,20 @@ class IAMSimulator(ThreadingHTTPServer):
         self._thread = threading.Thread(target=self.serve_forever, daemon=True)
         self._thread.start()
 
-    def grant(self, role: str, actions: list[str], leading_keys: list[str] | None) -> None:
+    def grant(self, role: str, actions: list[str], leading_keys: list[str] | None, null_guard: bool = False) -> None:
         self.statements.setdefault(role, []).append((frozenset(actions), None if leading_keys is None
-                                                     else tuple(leading_keys)))
+                                                     else tuple(leading_keys), null_guard))
 
     def deny_callers(self, denied: bool = True) -> None:
         self.denied = denied
 
     def decide(self, role: str, action: str, keys: list[str] | None) -> str:
-        for actions, patterns in self.statements.get(role, []):
+        for actions, patterns, null_guard in self.statements.get(role, []):
             if action not in actions:
                 continue
+            if null_guard and keys is None:  # Null {dynamodb:LeadingKeys: false}: the key must be present
+                continue
+            # ForAllValues over a missing key is over no values: true
             if patterns is None or all(any(_like(p, key) for p in patterns) for key in keys or []):
                 return "allowed"
         return "implicitDeny"

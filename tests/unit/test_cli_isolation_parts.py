@@ -10,7 +10,14 @@ import pytest
 from botocore.exceptions import ClientError, ReadTimeoutError
 
 from idempotency_layer import config as _config
-from idempotency_layer.cli.checks.dynamodb import ITEM_ACTIONS, isolation_check, isolation_request, outside_key
+from idempotency_layer.cli.checks.dynamodb import (
+    BULK_ACTIONS,
+    ITEM_ACTIONS,
+    isolation_check,
+    isolation_request,
+    outside_key,
+    unkeyed_request,
+)
 from idempotency_layer.cli.doctor import PASS, WARN, http_callers_check
 
 ROLE = "arn:aws:iam::123456789012:role/orders-role"
@@ -23,11 +30,15 @@ def settings(**extra: str) -> Any:
     return _config.load({**BASE, **extra})
 
 
-def answering(decisions: dict[str, str]) -> Any:
+def answering(keyed: dict[str, str], unkeyed: dict[str, str] | None = None) -> Any:
+    """A simulator answering `keyed` to the call with a leading key, `unkeyed` (else every action denied) to the
+    call without one."""
     asked: list[dict[str, Any]] = []
 
     def simulate(request: dict[str, Any]) -> list[dict[str, Any]]:
         asked.append(request)
+        decisions = keyed if "ContextEntries" in request else (
+            unkeyed or {action: "implicitDeny" for action in ITEM_ACTIONS + BULK_ACTIONS})
         return [{"EvalActionName": action, "EvalResourceName": TABLE, "EvalDecision": decision}
                 for action, decision in decisions.items()]
 
@@ -60,13 +71,45 @@ def test_the_outside_key_is_never_the_functions_own(extra, other):
         assert other != config.partition_value
 
 
+def test_the_second_request_names_no_key_and_asks_about_bulk_requests():
+    assert unkeyed_request(ROLE, TABLE) == {
+        "PolicySourceArn": ROLE, "ActionNames": [
+            "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem",
+            "dynamodb:BatchGetItem", "dynamodb:Scan", "dynamodb:Query", "dynamodb:PartiQLSelect",
+            "dynamodb:PartiQLInsert", "dynamodb:PartiQLUpdate", "dynamodb:PartiQLDelete"],
+        "ResourceArns": [TABLE]}
+
+
+def test_a_missing_null_guard_and_bulk_requests_are_warnings():
+    denied = {action: "implicitDeny" for action in ITEM_ACTIONS + BULK_ACTIONS}
+    guardless = answering({a: "implicitDeny" for a in ITEM_ACTIONS}, {**denied, "dynamodb:PutItem": "allowed"})
+    check = isolation_check(guardless, settings(), ROLE, TABLE)
+    assert (check.status, check.detail) == (WARN, f"the role {ROLE} may call dynamodb:PutItem with no "
+                                            "dynamodb:LeadingKeys: the Null dynamodb:LeadingKeys false guard is "
+                                            "missing (ForAllValues holds for a request naming no key)")
+    bulk = answering({a: "implicitDeny" for a in ITEM_ACTIONS},
+                     {**denied, "dynamodb:Scan": "allowed", "dynamodb:PartiQLDelete": "allowed"})
+    check = isolation_check(bulk, settings(), ROLE, TABLE)
+    assert (check.status, check.detail) == (WARN, f"the role {ROLE} may call dynamodb:Scan, dynamodb:PartiQLDelete "
+                                            "on the table: they reach every function's records")
+    assert check.fix == ("confine the role's statement on the table with ForAllValues:StringLike on "
+                         "dynamodb:LeadingKeys ['orders#*'] and Null dynamodb:LeadingKeys false, with no Scan, "
+                         "Query or PartiQL in it (docs/security.md)")
+    every = answering({**{a: "implicitDeny" for a in ITEM_ACTIONS}, "dynamodb:GetItem": "allowed"},
+                      {**denied, "dynamodb:GetItem": "allowed", "dynamodb:Query": "allowed"})
+    assert isolation_check(every, settings(), ROLE, TABLE).detail.count(f"the role {ROLE} may call") == 3
+    # an unkeyed answer missing a bulk action is not read as a denial
+    short = answering({a: "implicitDeny" for a in ITEM_ACTIONS}, {a: "implicitDeny" for a in ITEM_ACTIONS})
+    assert isolation_check(short, settings(), ROLE, TABLE).detail.startswith("could not run: SimulatePrincipal")
+
+
 def test_each_decision():
     denied = answering({action: "implicitDeny" for action in ITEM_ACTIONS})
     check = isolation_check(denied, settings(), ROLE, TABLE)
     assert check == (  # (Check's fix is None)
         "role isolation", PASS, "the role is confined to orders#*: IAM's policy simulator denies every item action "
-        "on 'zz-other#x'", None)
-    assert denied.asked == [isolation_request(settings(), ROLE, TABLE)]
+        "on 'zz-other#x' or with no leading key, and Scan, Query and PartiQL", None)
+    assert denied.asked == [isolation_request(settings(), ROLE, TABLE), unkeyed_request(ROLE, TABLE)]
     explicit = answering({**{action: "implicitDeny" for action in ITEM_ACTIONS}, "dynamodb:DeleteItem": "explicitDeny"})
     assert isolation_check(explicit, settings(), ROLE, TABLE).status == PASS
     one = answering({**{action: "implicitDeny" for action in ITEM_ACTIONS}, "dynamodb:DeleteItem": "allowed"})

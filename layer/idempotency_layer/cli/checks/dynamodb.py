@@ -197,6 +197,9 @@ def checks(config: Any, transport: Any) -> list[Check]:
 # The item actions the layer sends, as IAM names them: the ones a dynamodb:LeadingKeys condition must confine.
 ITEM_ACTIONS = tuple(f"dynamodb:{name}" for name in ("GetItem", "PutItem", "UpdateItem", "DeleteItem",
                                                      "BatchGetItem"))
+# Requests that read or write many keys at once: no statement of the function's role should grant them.
+BULK_ACTIONS = tuple(f"dynamodb:{name}" for name in ("Scan", "Query", "PartiQLSelect", "PartiQLInsert",
+                                                     "PartiQLUpdate", "PartiQLDelete"))
 
 
 def outside_key(config: Any) -> tuple[str, str, str]:
@@ -218,14 +221,33 @@ def isolation_request(config: Any, role: str, table_arn: str) -> dict[str, Any]:
                                 "ContextKeyType": "stringList"}]}
 
 
+def unkeyed_request(role: str, table_arn: str) -> dict[str, Any]:
+    """The SimulatePrincipalPolicy request with no dynamodb:LeadingKeys at all (a context entry applies to every
+    action of a call, so this is a second call): an item action allowed here means the Null guard is missing
+    (ForAllValues holds over no values), and Scan, Query or PartiQL allowed reach every function's records."""
+    return {"PolicySourceArn": role, "ActionNames": [*ITEM_ACTIONS, *BULK_ACTIONS], "ResourceArns": [table_arn]}
+
+
+def _decisions(results: Any, actions: tuple[str, ...]) -> dict[str, str]:
+    decisions = {result["EvalActionName"]: result["EvalDecision"] for result in results}
+    if not all(isinstance(text, str) for text in (*decisions, *decisions.values())) or not (
+            set(actions) <= set(decisions)):
+        raise TypeError("EvaluationResults")
+    return decisions
+
+
 def isolation_check(simulate: Any, config: Any, role: str, table_arn: str) -> Check:
     """Whether the function's role is confined to its own keys (issue 44, R1.5): IAM's policy simulator evaluates
-    the role's policies for each item action on a key outside them. `simulate(request)` returns the
-    EvaluationResults of every page. The operator's credentials call it; a failure is a warning, never a crash."""
+    the role's policies for each item action on a key outside them, then for each item action with no leading
+    key and for Scan, Query and PartiQL. `simulate(request)` returns the EvaluationResults of every page. The
+    operator's credentials call it; a failure is a warning, never a crash."""
     name = "role isolation"
     other, own, condition = outside_key(config)
+    unreadable = Check(name, WARN, "could not run: SimulatePrincipalPolicy's answer is not one this doctor can "
+                       "read", "check the endpoint (AWS_ENDPOINT_URL_IAM / AWS_ENDPOINT_URL): it should be IAM's")
     try:
-        results = simulate(isolation_request(config, role, table_arn))
+        keyed = simulate(isolation_request(config, role, table_arn))
+        unkeyed = simulate(unkeyed_request(role, table_arn))
     except Exception as error:  # botocore's ClientError and BotoCoreError, a call not done in time
         code, kind = aws_failure(error)
         fix = ("IAM did not answer; retry doctor" if kind == "transient" else "run doctor with credentials that "
@@ -233,18 +255,25 @@ def isolation_check(simulate: Any, config: Any, role: str, table_arn: str) -> Ch
         return Check(name, WARN, f"could not run: iam:SimulatePrincipalPolicy on {role} failed ({code}), so "
                      f"whether the role can reach keys outside {own} is not known", fix)
     try:
-        decisions = {result["EvalActionName"]: result["EvalDecision"] for result in results}
-        if not all(isinstance(text, str) for text in (*decisions, *decisions.values())) or not (
-                set(ITEM_ACTIONS) <= set(decisions)):
-            raise TypeError("EvaluationResults")
+        outside, bare = _decisions(keyed, ITEM_ACTIONS), _decisions(unkeyed, ITEM_ACTIONS + BULK_ACTIONS)
     except (KeyError, TypeError, AttributeError):
-        return Check(name, WARN, "could not run: SimulatePrincipalPolicy's answer is not one this doctor can read",
-                     "check the endpoint (AWS_ENDPOINT_URL_IAM / AWS_ENDPOINT_URL): it should be IAM's")
-    allowed = [action for action in ITEM_ACTIONS if decisions[action] == "allowed"]
+        return unreadable
+    found = []
+    allowed = [action for action in ITEM_ACTIONS if outside[action] == "allowed"]
     if allowed:
-        return Check(name, WARN, f"the role {role} may call {', '.join(allowed)} on keys outside {own} (IAM's "
-                     f"policy simulator allows them on {other!r}): it can read, forge or delete other functions' "
-                     "records in the table", f"confine the role's statement on the table with {condition} and "
-                     "Null dynamodb:LeadingKeys false, with no Scan, Query or PartiQL in it (docs/security.md)")
+        found.append(f"the role {role} may call {', '.join(allowed)} on keys outside {own} (IAM's policy "
+                     f"simulator allows them on {other!r}): it can read, forge or delete other functions' records "
+                     "in the table")
+    allowed = [action for action in ITEM_ACTIONS if bare[action] == "allowed"]
+    if allowed:
+        found.append(f"the role {role} may call {', '.join(allowed)} with no dynamodb:LeadingKeys: the Null "
+                     "dynamodb:LeadingKeys false guard is missing (ForAllValues holds for a request naming no key)")
+    allowed = [action for action in BULK_ACTIONS if bare[action] == "allowed"]
+    if allowed:
+        found.append(f"the role {role} may call {', '.join(allowed)} on the table: they reach every function's "
+                     "records")
+    if found:
+        return Check(name, WARN, "; ".join(found), f"confine the role's statement on the table with {condition} "
+                     "and Null dynamodb:LeadingKeys false, with no Scan, Query or PartiQL in it (docs/security.md)")
     return Check(name, PASS, f"the role is confined to {own}: IAM's policy simulator denies every item action on "
-                 f"{other!r}")
+                 f"{other!r} or with no leading key, and Scan, Query and PartiQL")
