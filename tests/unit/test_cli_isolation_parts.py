@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError, ReadTimeoutError
+from botocore.parsers import ResponseParserError
 
 from idempotency_layer import config as _config
 from idempotency_layer.cli.checks.dynamodb import (
@@ -132,6 +133,15 @@ def test_a_malformed_answer_is_a_warning(answer, said):
     check = isolation_check(lambda request: answer, settings(), ROLE, TABLE)
     assert (check.status, check.detail[:len(said)]) == (WARN, said)
     assert check.fix == "check the endpoint (AWS_ENDPOINT_URL_IAM / AWS_ENDPOINT_URL): it should be IAM's"
+
+
+def test_an_answer_botocore_cannot_parse_names_the_endpoint():
+    def simulate(request: dict[str, Any]) -> list[Any]:
+        raise ResponseParserError("Unable to parse response (not well-formed (invalid token)), invalid XML received")
+
+    check = isolation_check(simulate, settings(), ROLE, TABLE)
+    assert check == ("role isolation", WARN, "could not run: SimulatePrincipalPolicy's answer is not one this doctor "
+                     "can read", "check the endpoint (AWS_ENDPOINT_URL_IAM / AWS_ENDPOINT_URL): it should be IAM's")
 
 
 @pytest.mark.parametrize(("error", "code", "fix"), [

@@ -249,6 +249,8 @@ def isolation_check(simulate: Any, config: Any, role: str, table_arn: str) -> Ch
         keyed = simulate(isolation_request(config, role, table_arn))
         unkeyed = simulate(unkeyed_request(role, table_arn))
     except Exception as error:  # botocore's ClientError and BotoCoreError, a call not done in time
+        if type(error).__name__ == "ResponseParserError":  # an answer came, but not IAM's: not worth a retry
+            return unreadable
         code, kind = aws_failure(error)
         fix = ("IAM did not answer; retry doctor" if kind == "transient" else "run doctor with credentials that "
                "may call iam:SimulatePrincipalPolicy on the role (the function itself does not need it)")
