@@ -269,6 +269,24 @@ _DECIDED = (
 )
 
 
+def _check_http_only(env: Mapping[str, str], values: dict[str, Any], caller_headers: tuple[str, ...]) -> None:
+    """Settings that only HTTP handling reads fail init under IDEMPOTENCY_HTTP=off rather than being ignored."""
+    if values["http"]:
+        return
+    if caller_headers:  # ignored, every caller would share a key
+        raise IdempotencyConfigurationError(
+            "IDEMPOTENCY_CALLER_HEADERS is set but IDEMPOTENCY_HTTP=off: caller headers scope only requests the "
+            "layer handles as HTTP, so every caller would share each key; unset IDEMPOTENCY_HTTP (auto), or put the "
+            "caller in IDEMPOTENCY_KEY_JMESPATH instead"
+        )
+    for name in ("IDEMPOTENCY_HTTP_ANONYMOUS", "IDEMPOTENCY_HTTP_PREVIOUS_KEYS"):
+        if text(env, name) is not None:
+            raise IdempotencyConfigurationError(
+                f"{name} is set but IDEMPOTENCY_HTTP=off: it decides only for requests the layer handles as HTTP, "
+                f"so nothing would read it; unset {name}, or unset IDEMPOTENCY_HTTP (auto)"
+            )
+
+
 # module.qualname as Powertools joins them: any text without spaces, with a dot between non-empty parts
 # (app.handler, my-app.handler, app.make.<locals>.handler)
 _HANDLER_NAME = r"[^\s.#]+(\.[^\s.#]+)+"  # compiled only when the setting is set
@@ -441,13 +459,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
                   for field, variable, accepted, default, meaning in _DECIDED)
     _check_powertools(values, attributes)
     _check_durable(values)
-    if caller_headers and not values["http"]:
-        # Caller headers scope only the requests the layer handles as HTTP: ignored, every caller shares a key.
-        raise IdempotencyConfigurationError(
-            "IDEMPOTENCY_CALLER_HEADERS is set but IDEMPOTENCY_HTTP=off: caller headers scope only requests the "
-            "layer handles as HTTP, so every caller would share each key; unset IDEMPOTENCY_HTTP (auto), or put the "
-            "caller in IDEMPOTENCY_KEY_JMESPATH instead"
-        )
+    _check_http_only(env, values, caller_headers)
     results_bucket, results_prefix, read_buckets = store_settings.read_large_results(env, prefix or "")
     return Config(
         large_results_bucket=results_bucket,

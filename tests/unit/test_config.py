@@ -229,6 +229,21 @@ def test_caller_headers_under_http_off_fail_init_instead_of_being_ignored():
     assert load({**settings, "IDEMPOTENCY_CALLER_HEADERS": " "}).http is False
 
 
+@pytest.mark.parametrize(("name", "value"), [("IDEMPOTENCY_HTTP_ANONYMOUS", "shared"),
+                                           ("IDEMPOTENCY_HTTP_ANONYMOUS", "separate"),
+                                           ("IDEMPOTENCY_HTTP_PREVIOUS_KEYS", "off"),
+                                           ("IDEMPOTENCY_HTTP_PREVIOUS_KEYS", "consult")])
+def test_http_only_settings_under_http_off_fail_init_instead_of_being_ignored(name, value):
+    settings = {**BASE, name: value, "IDEMPOTENCY_HTTP": "off"}
+    with pytest.raises(IdempotencyConfigurationError) as raised:
+        load(settings)
+    assert str(raised.value) == (f"{name} is set but IDEMPOTENCY_HTTP=off: it decides only for requests the layer "
+                                 f"handles as HTTP, so nothing would read it; unset {name}, or unset IDEMPOTENCY_HTTP "
+                                 "(auto)")
+    assert load({**settings, "IDEMPOTENCY_HTTP": "auto"}).http is True
+    assert load({**settings, name: " "}).http is False  # blank is unset
+
+
 @pytest.mark.parametrize(("name", "meant"), [
     ("IDEMPOTENCY_KEY_JMESPAHT", "IDEMPOTENCY_KEY_JMESPATH"),  # the key would fall back to the whole event
     ("IDEMPOTENCY_TTL", "IDEMPOTENCY_TTL_SECONDS"),
