@@ -270,6 +270,21 @@ def test_a_stalled_answer_ends_by_the_deadline(scripted_server):
     assert time.monotonic() - started < 0.6 + 0.25
 
 
+def test_an_endpoint_that_accepts_and_never_answers_is_a_timeout():
+    # The kernel accepts the connection into the backlog; nothing ever reads or answers it. The attempt's timer
+    # shuts the socket, and the read it cut is said as what it was: a timeout (not RemoteDisconnected).
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        started = time.monotonic()
+        with pytest.raises(IdempotencyConfigurationError) as raised:
+            read_secret("secretsmanager:orders/record-mac",
+                        environment(None, AWS_ENDPOINT_URL_SECRETS_MANAGER=endpoint), within(0.6))
+        assert time.monotonic() - started < 0.6 + 0.25
+    assert str(raised.value) == (f"{SETTING}: the Secrets Manager secret 'orders/record-mac' could not be read: no "
+                                 f"answer from {endpoint[7:]} (TimeoutError) (in a VPC without internet access, the "
+                                 "function needs a VPC endpoint for Secrets Manager)")
+
+
 def test_a_past_deadline_sends_nothing(scripted_server):
     server = scripted_server(secret_answer())
     with pytest.raises(IdempotencyConfigurationError, match="the deadline passed before the first attempt"):

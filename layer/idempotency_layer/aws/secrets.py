@@ -317,6 +317,10 @@ def _exchange(where: _Where, context: Any, headers: dict[str, str], body: bytes,
         if fired:  # cut at the attempt's end: what was read is no answer
             raise TimeoutError("the attempt's time ran out while reading")
         return response.status, response.getheader("x-amzn-ErrorType") or "", answer
+    except (OSError, http.client.HTTPException):
+        if fired:  # the timer shut the socket: what the read then raised (RemoteDisconnected, a reset) is a timeout
+            raise TimeoutError("the attempt's time ran out") from None
+        raise
     finally:
         watchdog.cancel()
         conn.close()
