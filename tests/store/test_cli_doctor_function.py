@@ -248,10 +248,13 @@ def test_doctor_says_when_the_isolation_check_cannot_run(moto, deployed, layer_e
             "     fix: run doctor with credentials that may call iam:SimulatePrincipalPolicy on the role (the "
             "function itself does not need it)\n") in out
     assert checks["permission PutItem"]["status"] == "PASS"  # the other checks still ran
-    # moto's IAM, which has no SimulatePrincipalPolicy: the same line, never a crash or a traceback
+    # moto's IAM, which has no SimulatePrincipalPolicy, answers what botocore cannot parse: the unreadable-answer
+    # line naming the endpoint's variable (not a retry), never a crash or a traceback
     code, checks, out = doctor_checks(doctor_env(moto, layer_env, table), "orders-unasked")
     assert checks["role isolation"]["status"] == "WARN", out
-    assert checks["role isolation"]["detail"].startswith("could not run: iam:SimulatePrincipalPolicy on "), out
+    assert (checks["role isolation"]["detail"], checks["role isolation"]["fix"]) == (
+        "could not run: SimulatePrincipalPolicy's answer is not one this doctor can read",
+        "check the endpoint (AWS_ENDPOINT_URL_IAM / AWS_ENDPOINT_URL): it should be IAM's"), out
 
 
 def test_doctor_isolation_in_the_sort_key_layout(moto, deployed, layer_env, sort_key_table, iam):
