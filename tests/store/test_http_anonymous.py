@@ -128,8 +128,9 @@ def test_credentials_in_the_scope_or_no_credentials_are_not_counted(build, caplo
     assert not [r for r in caplog.records if "scoped to no caller" in r.getMessage()]
 
 
+@pytest.mark.parametrize("value", ["", ","])
 @pytest.mark.parametrize("form", ["rest", "v2"])
-def test_a_caller_header_sent_blank_scopes_no_one(build, form: str) -> None:
+def test_a_caller_header_sent_blank_scopes_no_one(build, form: str, value: str) -> None:
     # IDEMPOTENCY_CALLER_HEADERS=Authorization, and both clients send it blank (a logged-out single-page app): the
     # blank value names no one, so Alice's cookie response is not stored and Mallory runs with her own.
     function = build(IDEMPOTENCY_METRICS="off", IDEMPOTENCY_KEY_JMESPATH=None,
@@ -137,10 +138,10 @@ def test_a_caller_header_sent_blank_scopes_no_one(build, form: str) -> None:
     served = _session_handler(function, form)
 
     def blank(user: str) -> dict[str, Any]:
-        event = _request(form, user, f"blank-{form}")
-        event["headers"]["Authorization"] = ""
+        event = _request(form, user, f"blank-{form}-{len(value)}")
+        event["headers"]["Authorization"] = value
         if "multiValueHeaders" in event:
-            event["multiValueHeaders"]["Authorization"] = [""]
+            event["multiValueHeaders"]["Authorization"] = [value]
         return event
 
     function(blank("alice"))

@@ -124,7 +124,7 @@ def test_an_anonymous_request_names_no_caller_and_carries_no_caller_header():
     assert not http.anonymous(http.parse(REST), ())  # its authorizer names the caller
 
 
-@pytest.mark.parametrize("value", ["", " ", "\t"])
+@pytest.mark.parametrize("value", ["", " ", "\t", ",", ", ", " , , ", "; ", ";", "=", "\u00a0"])
 def test_a_caller_header_sent_blank_names_no_one(value):
     # A blank value keys a scope of its own, but every client that sends it blank shares that scope: for the cookie
     # rule and the warning it is anonymous (a hostile review found Mallory replayed Alice's cookie through it).
@@ -133,3 +133,10 @@ def test_a_caller_header_sent_blank_names_no_one(value):
     named = http.parse({**ALB, "headers": {"idempotency-key": "k", "authorization": "Bearer x"}})
     assert not http.anonymous(named, ("authorization",))
     assert http.key_material(blank, "k", ("authorization",)) != http.key_material(named, "k", ("authorization",))
+
+
+@pytest.mark.parametrize("cookies", [[""], ["", ""], [" ", ""]])
+def test_empty_payload_2_cookies_name_no_one(cookies):
+    anonymous = {**V2, "requestContext": {**V2["requestContext"], "authorizer": None}}
+    assert http.anonymous(http.parse({**anonymous, "cookies": cookies}), ("cookie",))
+    assert not http.anonymous(http.parse({**anonymous, "cookies": ["session=alice"]}), ("cookie",))

@@ -323,11 +323,16 @@ def storable(request: Request, response: Any, key: str) -> bool:
 
 def anonymous(request: Request, caller_headers: tuple[str, ...]) -> bool:
     """Whether nothing scopes the request's key to its caller: no authorizer, IAM, mTLS or ALB identity names one,
-    and it carries none of `caller_headers` (IDEMPOTENCY_CALLER_HEADERS, lower-cased) with a value that is not
-    blank. Every such caller shares one scope per key. (A blank header keys a scope of its own, but it names no
-    one: every client that sends it blank shares that scope, so a cookie set for it is not stored either.)"""
+    and it carries none of `caller_headers` (IDEMPOTENCY_CALLER_HEADERS, lower-cased) with a value that names
+    someone (a letter or digit in it). Every such caller shares one scope per key. (A blank header, or one of
+    separators alone (`,` when a header is sent twice empty, `; ` of empty cookies), keys a scope of its own, but
+    it names no one: every client that sends it so shares that scope, so a cookie set for it is not stored.)"""
     return request.caller is None and not any(
-        any(value.strip() for value in request.headers.get(name, ())) for name in caller_headers)
+        _names_someone(value) for name in caller_headers for value in request.headers.get(name, ()))
+
+
+def _names_someone(value: str) -> bool:
+    return any(character.isalnum() for character in value)
 
 
 def sets_cookie(request: Request, response: Any) -> bool:
