@@ -14,7 +14,7 @@ from typing import Any
 import boto3
 import pytest
 
-from idempotency_layer.cli.checks.dynamodb import BULK_ACTIONS, ITEM_ACTIONS
+from idempotency_layer.cli.checks.dynamodb import BULK_ACTIONS, ITEM_ACTIONS, KEYED_ACTIONS
 from tests.store.test_cli_commands import cli_env, run
 from tests.support.iam_simulator import IAMSimulator
 from tests.support.sqs_server import SQSServer
@@ -182,14 +182,14 @@ def test_doctor_warns_when_the_role_reaches_keys_outside_its_prefix(moto, deploy
             "PartiQL in it (docs/security.md)\n") in out
     asked = iam.seen[seen]  # what doctor asked IAM, field by field
     assert asked["PolicySourceArn"] == role
-    assert [asked[f"ActionNames.member.{n}"] for n in range(1, 6)] == list(ITEM_ACTIONS)
-    assert "ActionNames.member.6" not in asked
+    assert [asked[f"ActionNames.member.{n}"] for n in range(1, 10)] == list(KEYED_ACTIONS)
+    assert "ActionNames.member.10" not in asked
     assert asked["ResourceArns.member.1"] == f"arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/{table}"
     assert (asked["ContextEntries.member.1.ContextKeyName"], asked["ContextEntries.member.1.ContextKeyType"],
             asked["ContextEntries.member.1.ContextKeyValues.member.1"]) == (
         "dynamodb:LeadingKeys", "stringList", "zz-other#x")
     unkeyed = iam.seen[seen + 1]  # the second call: no context entry, the bulk requests too
-    assert [unkeyed[f"ActionNames.member.{n}"] for n in range(1, 12)] == list(ITEM_ACTIONS + BULK_ACTIONS)
+    assert [unkeyed[f"ActionNames.member.{n}"] for n in range(1, 16)] == list(KEYED_ACTIONS + BULK_ACTIONS)
     assert not any(name.startswith("ContextEntries") for name in unkeyed)
     assert checks["role isolation"]["status"] == "WARN"
 
@@ -221,6 +221,19 @@ def test_doctor_warns_on_a_missing_null_guard_and_on_bulk_requests(moto, deploye
         f"the role {role} may call dynamodb:Scan, dynamodb:Query, dynamodb:PartiQLSelect on the table: they reach "
         "every function's records"), out
     assert "with no Scan, Query or PartiQL in it (docs/security.md)" in checks["role isolation"]["fix"]
+
+
+def test_doctor_warns_on_writes_of_many_items_the_layer_never_sends(moto, deployed, layer_env, table, iam):
+    # A role confined for the layer's own actions, with BatchWriteItem and a transaction of no condition beside:
+    # they forge or delete other functions' records by key (a hostile review found doctor passed this role).
+    role = plain_function(moto, "orders-writes", {"IDEMPOTENCY_TABLE": table})
+    iam.grant(role, list(ITEM_ACTIONS), ["orders-writes#*"], null_guard=True)
+    iam.grant(role, ["dynamodb:BatchWriteItem", "dynamodb:TransactWriteItems"], None)
+    _, checks, out = doctor_checks(doctor_env(moto, layer_env, table, iam), "orders-writes")
+    assert checks["role isolation"]["status"] == "WARN", out
+    assert checks["role isolation"]["detail"].startswith(
+        f"the role {role} may call dynamodb:BatchWriteItem, dynamodb:TransactWriteItems on keys outside "
+        "orders-writes#* (")
 
 
 def test_doctor_passes_a_role_confined_to_its_prefix(moto, deployed, layer_env, table, iam):

@@ -13,7 +13,7 @@ from botocore.parsers import ResponseParserError
 from idempotency_layer import config as _config
 from idempotency_layer.cli.checks.dynamodb import (
     BULK_ACTIONS,
-    ITEM_ACTIONS,
+    KEYED_ACTIONS,
     isolation_check,
     isolation_request,
     outside_key,
@@ -39,7 +39,7 @@ def answering(keyed: dict[str, str], unkeyed: dict[str, str] | None = None) -> A
     def simulate(request: dict[str, Any]) -> list[dict[str, Any]]:
         asked.append(request)
         decisions = keyed if "ContextEntries" in request else (
-            unkeyed or {action: "implicitDeny" for action in ITEM_ACTIONS + BULK_ACTIONS})
+            unkeyed or {action: "implicitDeny" for action in KEYED_ACTIONS + BULK_ACTIONS})
         return [{"EvalActionName": action, "EvalResourceName": TABLE, "EvalDecision": decision}
                 for action, decision in decisions.items()]
 
@@ -50,7 +50,9 @@ def answering(keyed: dict[str, str], unkeyed: dict[str, str] | None = None) -> A
 def test_the_request_asks_about_a_key_outside_the_prefix():
     assert isolation_request(settings(), ROLE, TABLE) == {
         "PolicySourceArn": ROLE, "ActionNames": ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem",
-                                                 "dynamodb:DeleteItem", "dynamodb:BatchGetItem"],
+                                                 "dynamodb:DeleteItem", "dynamodb:BatchGetItem",
+                                                 "dynamodb:BatchWriteItem", "dynamodb:TransactWriteItems",
+                                                 "dynamodb:TransactGetItems", "dynamodb:ConditionCheckItem"],
         "ResourceArns": [TABLE],
         "ContextEntries": [{"ContextKeyName": "dynamodb:LeadingKeys", "ContextKeyValues": ["zz-other#x"],
                             "ContextKeyType": "stringList"}]}
@@ -76,19 +78,21 @@ def test_the_second_request_names_no_key_and_asks_about_bulk_requests():
     assert unkeyed_request(ROLE, TABLE) == {
         "PolicySourceArn": ROLE, "ActionNames": [
             "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem",
-            "dynamodb:BatchGetItem", "dynamodb:Scan", "dynamodb:Query", "dynamodb:PartiQLSelect",
+            "dynamodb:BatchGetItem", "dynamodb:BatchWriteItem", "dynamodb:TransactWriteItems",
+            "dynamodb:TransactGetItems", "dynamodb:ConditionCheckItem", "dynamodb:Scan", "dynamodb:Query",
+            "dynamodb:PartiQLSelect",
             "dynamodb:PartiQLInsert", "dynamodb:PartiQLUpdate", "dynamodb:PartiQLDelete"],
         "ResourceArns": [TABLE]}
 
 
 def test_a_missing_null_guard_and_bulk_requests_are_warnings():
-    denied = {action: "implicitDeny" for action in ITEM_ACTIONS + BULK_ACTIONS}
-    guardless = answering({a: "implicitDeny" for a in ITEM_ACTIONS}, {**denied, "dynamodb:PutItem": "allowed"})
+    denied = {action: "implicitDeny" for action in KEYED_ACTIONS + BULK_ACTIONS}
+    guardless = answering({a: "implicitDeny" for a in KEYED_ACTIONS}, {**denied, "dynamodb:PutItem": "allowed"})
     check = isolation_check(guardless, settings(), ROLE, TABLE)
     assert (check.status, check.detail) == (WARN, f"the role {ROLE} may call dynamodb:PutItem with no "
                                             "dynamodb:LeadingKeys: the Null dynamodb:LeadingKeys false guard is "
                                             "missing (ForAllValues holds for a request naming no key)")
-    bulk = answering({a: "implicitDeny" for a in ITEM_ACTIONS},
+    bulk = answering({a: "implicitDeny" for a in KEYED_ACTIONS},
                      {**denied, "dynamodb:Scan": "allowed", "dynamodb:PartiQLDelete": "allowed"})
     check = isolation_check(bulk, settings(), ROLE, TABLE)
     assert (check.status, check.detail) == (WARN, f"the role {ROLE} may call dynamodb:Scan, dynamodb:PartiQLDelete "
@@ -96,24 +100,25 @@ def test_a_missing_null_guard_and_bulk_requests_are_warnings():
     assert check.fix == ("confine the role's statement on the table with ForAllValues:StringLike on "
                          "dynamodb:LeadingKeys ['orders#*'] and Null dynamodb:LeadingKeys false, with no Scan, "
                          "Query or PartiQL in it (docs/security.md)")
-    every = answering({**{a: "implicitDeny" for a in ITEM_ACTIONS}, "dynamodb:GetItem": "allowed"},
+    every = answering({**{a: "implicitDeny" for a in KEYED_ACTIONS}, "dynamodb:GetItem": "allowed"},
                       {**denied, "dynamodb:GetItem": "allowed", "dynamodb:Query": "allowed"})
     assert isolation_check(every, settings(), ROLE, TABLE).detail.count(f"the role {ROLE} may call") == 3
     # an unkeyed answer missing a bulk action is not read as a denial
-    short = answering({a: "implicitDeny" for a in ITEM_ACTIONS}, {a: "implicitDeny" for a in ITEM_ACTIONS})
+    short = answering({a: "implicitDeny" for a in KEYED_ACTIONS}, {a: "implicitDeny" for a in KEYED_ACTIONS})
     assert isolation_check(short, settings(), ROLE, TABLE).detail.startswith("could not run: SimulatePrincipal")
 
 
 def test_each_decision():
-    denied = answering({action: "implicitDeny" for action in ITEM_ACTIONS})
+    denied = answering({action: "implicitDeny" for action in KEYED_ACTIONS})
     check = isolation_check(denied, settings(), ROLE, TABLE)
     assert check == (  # (Check's fix is None)
         "role isolation", PASS, "the role is confined to orders#*: IAM's policy simulator denies every item action "
         "on 'zz-other#x' or with no leading key, and Scan, Query and PartiQL", None)
     assert denied.asked == [isolation_request(settings(), ROLE, TABLE), unkeyed_request(ROLE, TABLE)]
-    explicit = answering({**{action: "implicitDeny" for action in ITEM_ACTIONS}, "dynamodb:DeleteItem": "explicitDeny"})
+    explicit = answering({**{action: "implicitDeny" for action in KEYED_ACTIONS},
+                          "dynamodb:DeleteItem": "explicitDeny"})
     assert isolation_check(explicit, settings(), ROLE, TABLE).status == PASS
-    one = answering({**{action: "implicitDeny" for action in ITEM_ACTIONS}, "dynamodb:DeleteItem": "allowed"})
+    one = answering({**{action: "implicitDeny" for action in KEYED_ACTIONS}, "dynamodb:DeleteItem": "allowed"})
     check = isolation_check(one, settings(), ROLE, TABLE)
     assert check.status == WARN
     assert check.detail.startswith(f"the role {ROLE} may call dynamodb:DeleteItem on keys outside orders#* (")
@@ -123,10 +128,10 @@ def test_each_decision():
 @pytest.mark.parametrize(("answer", "said"), [
     ([], "could not run: SimulatePrincipalPolicy's answer is not one this doctor can read"),  # no results
     ([{"EvalActionName": "dynamodb:GetItem"}], "could not run: SimulatePrincipalPolicy's answer is not one"),
-    ([{"EvalActionName": action, "EvalDecision": "allowed"} for action in ITEM_ACTIONS[:4]],  # one missing
+    ([{"EvalActionName": action, "EvalDecision": "allowed"} for action in KEYED_ACTIONS[:4]],  # one missing
      "could not run: SimulatePrincipalPolicy's answer is not one"),
     (["allowed"], "could not run: SimulatePrincipalPolicy's answer is not one"),
-    ([{"EvalActionName": action, "EvalDecision": None} for action in ITEM_ACTIONS],
+    ([{"EvalActionName": action, "EvalDecision": None} for action in KEYED_ACTIONS],
      "could not run: SimulatePrincipalPolicy's answer is not one"),
 ])
 def test_a_malformed_answer_is_a_warning(answer, said):
@@ -184,3 +189,11 @@ def test_http_callers_for_each_hint():
     scoped = http_callers_check(settings(IDEMPOTENCY_CALLER_HEADERS="Authorization, Cookie"), {}, "NONE")
     assert scoped == ("http callers", PASS, "IDEMPOTENCY_CALLER_HEADERS=authorization,cookie: a request no "
                       "authorizer names is scoped by those headers", None)
+
+
+def test_a_write_of_many_items_on_other_keys_is_a_warning():
+    # BatchWriteItem and the transactions are no request of the layer's, but they forge or delete records by key.
+    denied = {action: "implicitDeny" for action in KEYED_ACTIONS + BULK_ACTIONS}
+    check = isolation_check(answering({**denied, "dynamodb:BatchWriteItem": "allowed"}, denied), settings(), ROLE,
+                            TABLE)
+    assert check.status == "WARN" and "dynamodb:BatchWriteItem on keys outside orders#*" in check.detail

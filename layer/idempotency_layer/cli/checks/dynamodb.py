@@ -197,6 +197,11 @@ def checks(config: Any, transport: Any) -> list[Check]:
 # The item actions the layer sends, as IAM names them: the ones a dynamodb:LeadingKeys condition must confine.
 ITEM_ACTIONS = tuple(f"dynamodb:{name}" for name in ("GetItem", "PutItem", "UpdateItem", "DeleteItem",
                                                      "BatchGetItem"))
+# Item actions the layer never sends that still read, write or delete records by key: a role that may call them
+# on other keys reaches other functions' records as well, so they are asked about with the layer's own.
+UNSENT_ITEM_ACTIONS = tuple(f"dynamodb:{name}" for name in ("BatchWriteItem", "TransactWriteItems",
+                                                            "TransactGetItems", "ConditionCheckItem"))
+KEYED_ACTIONS = ITEM_ACTIONS + UNSENT_ITEM_ACTIONS
 # Requests that read or write many keys at once: no statement of the function's role should grant them.
 BULK_ACTIONS = tuple(f"dynamodb:{name}" for name in ("Scan", "Query", "PartiQLSelect", "PartiQLInsert",
                                                      "PartiQLUpdate", "PartiQLDelete"))
@@ -216,7 +221,7 @@ def outside_key(config: Any) -> tuple[str, str, str]:
 
 def isolation_request(config: Any, role: str, table_arn: str) -> dict[str, Any]:
     """The SimulatePrincipalPolicy request asking whether `role` may touch a key outside the function's own."""
-    return {"PolicySourceArn": role, "ActionNames": list(ITEM_ACTIONS), "ResourceArns": [table_arn],
+    return {"PolicySourceArn": role, "ActionNames": list(KEYED_ACTIONS), "ResourceArns": [table_arn],
             "ContextEntries": [{"ContextKeyName": "dynamodb:LeadingKeys", "ContextKeyValues": [outside_key(config)[0]],
                                 "ContextKeyType": "stringList"}]}
 
@@ -225,7 +230,7 @@ def unkeyed_request(role: str, table_arn: str) -> dict[str, Any]:
     """The SimulatePrincipalPolicy request with no dynamodb:LeadingKeys at all (a context entry applies to every
     action of a call, so this is a second call): an item action allowed here means the Null guard is missing
     (ForAllValues holds over no values), and Scan, Query or PartiQL allowed reach every function's records."""
-    return {"PolicySourceArn": role, "ActionNames": [*ITEM_ACTIONS, *BULK_ACTIONS], "ResourceArns": [table_arn]}
+    return {"PolicySourceArn": role, "ActionNames": [*KEYED_ACTIONS, *BULK_ACTIONS], "ResourceArns": [table_arn]}
 
 
 def _decisions(results: Any, actions: tuple[str, ...]) -> dict[str, str]:
@@ -257,16 +262,16 @@ def isolation_check(simulate: Any, config: Any, role: str, table_arn: str) -> Ch
         return Check(name, WARN, f"could not run: iam:SimulatePrincipalPolicy on {role} failed ({code}), so "
                      f"whether the role can reach keys outside {own} is not known", fix)
     try:
-        outside, bare = _decisions(keyed, ITEM_ACTIONS), _decisions(unkeyed, ITEM_ACTIONS + BULK_ACTIONS)
+        outside, bare = _decisions(keyed, KEYED_ACTIONS), _decisions(unkeyed, KEYED_ACTIONS + BULK_ACTIONS)
     except (KeyError, TypeError, AttributeError):
         return unreadable
     found = []
-    allowed = [action for action in ITEM_ACTIONS if outside[action] == "allowed"]
+    allowed = [action for action in KEYED_ACTIONS if outside[action] == "allowed"]
     if allowed:
         found.append(f"the role {role} may call {', '.join(allowed)} on keys outside {own} (IAM's policy "
                      f"simulator allows them on {other!r}): it can read, forge or delete other functions' records "
                      "in the table")
-    allowed = [action for action in ITEM_ACTIONS if bare[action] == "allowed"]
+    allowed = [action for action in KEYED_ACTIONS if bare[action] == "allowed"]
     if allowed:
         found.append(f"the role {role} may call {', '.join(allowed)} with no dynamodb:LeadingKeys: the Null "
                      "dynamodb:LeadingKeys false guard is missing (ForAllValues holds for a request naming no key)")
