@@ -154,19 +154,40 @@ def test_doctor_passes_a_valid_key(env):
                                     f"id {key_id(KEY.encode())})")
 
 
-def test_doctor_function_reads_the_functions_env_source_with_the_operators_credentials(moto, layer_env, table):
+def test_doctor_function_reads_an_env_source_from_the_functions_own_variables(moto, layer_env, table):
     iam, lam = client(moto, "iam"), client(moto, "lambda")
     role = iam.create_role(RoleName="mac-doctor-role", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
     from tests.store.test_cli_doctor_function import _zip
 
-    for name, key in (("mac-good", KEY), ("mac-short", "short")):
+    for name, key in (("mac-good", KEY), ("mac-short", "short"), ("mac-unset", None)):
+        variables = {"IDEMPOTENCY_TABLE": table, "IDEMPOTENCY_RECORD_MAC_KEY": "env:FN_MAC_KEY"}
+        if key is not None:
+            variables["FN_MAC_KEY"] = key
         lam.create_function(FunctionName=name, Runtime="python3.12", Role=role, Handler="app.handler",
-                            Code={"ZipFile": _zip()}, Timeout=30, Environment={"Variables": {
-                                "IDEMPOTENCY_TABLE": table, "IDEMPOTENCY_RECORD_MAC_KEY": "env:FN_MAC_KEY",
-                                "FN_MAC_KEY": key}})
+                            Code={"ZipFile": _zip()}, Timeout=30, Environment={"Variables": variables})
     env = doctor_env(moto, layer_env, table)
     _, found = settings_check(env, "--function", "mac-good")
-    assert found["status"] == "PASS" and "read with your credentials, not the function's role" in found["detail"]
+    # An env: source is the function's own variable: no credentials read it.
+    assert found["status"] == "PASS" and "1 key(s) read as init reads them" in found["detail"]
+    assert "your credentials" not in found["detail"]
+    # The operator's variable of that name is not the function's: its init would fail, so doctor does.
+    _, found = settings_check({**env, "FN_MAC_KEY": KEY}, "--function", "mac-unset")
+    assert found["status"] == "FAIL" and "FN_MAC_KEY" in found["detail"] and "not set" in found["detail"]
     _, found = settings_check(env, "--function", "mac-short")
     assert found["status"] == "FAIL" and "has 5 bytes; at least 32 are required" in found["detail"]
     assert "your credentials, not the function's role" in found["fix"]
+
+
+def test_show_withholds_a_result_planted_in_a_live_claim(env, store, ddb_client, table):
+    # A claim of the layer's never carries a result; one that does was written by someone else, and no MAC covers a
+    # claim: --result does not print it.
+    now = time.time()
+    assert store.claim("orders#planted", "o-1", now, int(now * 1000) + 60_000, int(now) + 3600) is None
+    ddb_client.update_item(TableName=table, Key={"id": {"S": "orders#planted"}},
+                           UpdateExpression="SET #r = :r, #f = :f", ExpressionAttributeNames={"#r": "result",
+                                                                                             "#f": "result_format"},
+                           ExpressionAttributeValues={":r": {"S": FORGED}, ":f": {"S": codec.JSON}})
+    for extra in ((), ("--json",)):
+        done = run(env, "show", "orders#planted", "--result", *extra)
+        assert "attacker-iban" not in done.stdout and "attacker-iban" not in done.stderr
+    assert "withheld: an in-progress claim carries no result" in done.stdout

@@ -320,6 +320,7 @@ def run(args: Any, env: dict[str, str]) -> list[Check]:
     mappings: list[dict[str, Any]] = []
     session = None
     url_auth = None
+    variables: dict[str, str] | None = None  # doctor --function: the function's own environment variables
     if args.function:
         try:
             configuration, mappings, session, url_auth = _deployed(args.function, args.region)
@@ -354,7 +355,7 @@ def run(args: Any, env: dict[str, str]) -> list[Check]:
     except IdempotencyConfigurationError as error:
         return [*checks, Check("settings", FAIL, str(error), "fix the setting it names")]
     where = f"table {config.table}" if config.store == "dynamodb" else f"store {config.valkey!r}"
-    keys, unread = record_mac_keys(config, env, bool(args.function))
+    keys, unread = record_mac_keys(config, env, variables)
     checks.append(Check("settings", FAIL, unread, "fix the key source it names" + _AS_OPERATOR * bool(args.function))
                   if unread else Check("settings", PASS, f"valid: {where}, key prefix {config.key_prefix!r}, scope "
                                        f"{config.scope}{keys}"))
@@ -390,19 +391,25 @@ _AS_OPERATOR = (" (doctor --function reads the keys with your credentials, not t
                 "source from the function's environment)")
 
 
-def record_mac_keys(config: Any, env: dict[str, str], deployed: bool) -> tuple[str, str | None]:
+def record_mac_keys(config: Any, env: dict[str, str], own: dict[str, str] | None) -> tuple[str, str | None]:
     """IDEMPOTENCY_RECORD_MAC_KEY's keys read as init reads them (`record_mac.keyed`): what the settings line says
-    of them, and init's message when one cannot be read or is no key (None: they are keys). `deployed`: doctor
-    --function, whose `env` is the function's environment but whose credentials are the operator's."""
+    of them, and init's message when one cannot be read or is no key (None: they are keys). `own`: under doctor
+    --function, the function's variables: `env` is them over the operator's environment (whose credentials read a
+    secret), but an `env:` source is read from the function's variables alone, as its init reads it."""
     if not config.record_mac_sources:
         return "", None
     from ..record_mac import keyed
 
+    deployed = own is not None
+    if own is not None:  # the operator's own variable of that name is not the function's
+        env = {name: value for name, value in env.items()
+               if name in own or f"env:{name}" not in config.record_mac_sources}
     try:
         mac = keyed(config, env, "")  # only the keys are checked: no record is read, so no store binds them
     except IdempotencyConfigurationError as error:
         return "", str(error)
-    whose = ", read with your credentials, not the function's role" if deployed else ""
+    stored = any(not source.startswith("env:") for source in config.record_mac_sources)
+    whose = ", read with your credentials, not the function's role" if deployed and stored else ""
     return f"; IDEMPOTENCY_RECORD_MAC_KEY: {len(mac.key_ids)} key(s) read as init reads them{whose} (current " \
            f"key id {mac.current})", None
 

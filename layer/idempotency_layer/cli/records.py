@@ -118,6 +118,8 @@ def _authenticated(shown: dict[str, Any], record: Record, mac: RecordMac | str) 
             shown["meaning"] = ("its authentication was not checked here, so whether copies use it or refuse it "
                                 "(HTTP 503, a batch record reported failed) is not known")
         return "withheld: the record's authentication was not checked"
+    if record.status != COMPLETED and record.result is not None:  # no claim of the layer's carries one
+        return "withheld: an in-progress claim carries no result of the layer's, and it is not sealed"
     return None
 
 
