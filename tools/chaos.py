@@ -843,7 +843,7 @@ class Soak:
         credentials = Credentials(CREDENTIALS["AWS_ACCESS_KEY_ID"], CREDENTIALS["AWS_SECRET_ACCESS_KEY"], None)
         target = Target(self.dynamodb_endpoint, CREDENTIALS["AWS_REGION"], lambda: credentials)
         return DynamoDBStore(Client(target, connect_timeout=2, read_timeout=5, max_attempts=3), self.table,
-                             Attributes())
+                             Attributes(), key_prefix="fn")
 
     # -- the verdict ----------------------------------------------------------------------------------------
 

@@ -723,7 +723,7 @@ class World:
 
     def executor_of(self, environment: Environment) -> Executor:
         if environment.executor is None:  # a fresh environment: its init builds the store, cycle and executor
-            store = DynamoDBStore(_Transport(self), TABLE, self.config.attributes)
+            store = DynamoDBStore(_Transport(self), TABLE, self.config.attributes, key_prefix=self.config.key_prefix)
             cycle = Cycle(store, self.config.ttl_seconds, 8 if self.bounds.cache else 0,
                           clock=lambda: self.now + environment.skew, results=ValueResults(),
                           min_claim_ms=self.config.in_progress_seconds * 1000,

@@ -34,8 +34,14 @@ _STREAM_FAILURES = ("checkpoint", "records")
 _BATCH_RESPONSES = ("partial", "fail")  # fail: the mapping ignores partial batch responses
 _BATCH_PRECHECKS = ("auto", "always", "never")
 _HTTP_MODES = ("auto", "off")
+_HTTP_ANONYMOUS = ("separate", "shared")
+_HTTP_PREVIOUS_KEYS = ("consult", "off")
 _DURABLE_MODES = ("pass", "execution")
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")  # an HTTP token
+# IDEMPOTENCY_KEY_PREFIX, and AWS_LAMBDA_FUNCTION_NAME as its default: no `#` (a prefix `a#b` would put its keys
+# under function `a`'s `a#*`), no wildcard of IAM's StringLike or Valkey's ACL globs (`*?[`), no cluster hash tag
+# (`{}`), no `.` (Powertools' `<function>.<handler>#` keys), no space, control or non-ASCII character
+KEY_PREFIX = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 if TYPE_CHECKING:
@@ -83,9 +89,19 @@ if TYPE_CHECKING:
         durable_executions: bool = False
         # IDEMPOTENCY_LARGE_RESULTS_BUCKET / _PREFIX: where results too large for a record go; None: not stored
         large_results_bucket: str | None = None
-        large_results_prefix: str = "idempotency-results/"
+        large_results_prefix: str = "idempotency-results/"  # by default idempotency-results/<key prefix>/
+        # IDEMPOTENCY_LARGE_RESULTS_READ_BUCKETS: the buckets besides the setting's that a replay may read
+        large_results_read_buckets: tuple[str, ...] = ()
         store: str = "dynamodb"  # IDEMPOTENCY_STORE: "dynamodb" or "valkey"
         valkey: Valkey | None = None  # IDEMPOTENCY_VALKEY_URL when the store is valkey
+        # IDEMPOTENCY_HTTP_ANONYMOUS=shared: a response that sets a cookie is stored for anonymous callers too (they
+        # share one scope per key); False (separate): it is not, so no caller is replayed another's cookie
+        http_anonymous_shared: bool = False
+        # IDEMPOTENCY_HTTP_PREVIOUS_KEYS=consult: a first run of an HTTP request also reads the record under the key
+        # it had before the API and stage were part of keys (one read); False (off): never read
+        http_previous_keys: bool = True
+        # IDEMPOTENCY_RECORD_MAC_KEY: where the record MAC's keys are read from at init, current first; (): off
+        record_mac_sources: tuple[str, ...] = ()
 else:
     _ConfigFields = namedtuple("Config", (
         "disabled",
@@ -121,10 +137,14 @@ else:
         "durable_executions",
         "large_results_bucket",
         "large_results_prefix",
+        "large_results_read_buckets",
         "store",
         "valkey",
+        "http_anonymous_shared",
+        "http_previous_keys",
+        "record_mac_sources",
     ), defaults=(False, "Idempotency", None, None, False, "auto", None, False, None, "idempotency-results/",
-                 "dynamodb", None))
+                 (), "dynamodb", None, False, True, ()))
 
 
 class Config(_ConfigFields):
@@ -185,12 +205,27 @@ def _prefix(env: Mapping[str, str], disabled: bool) -> tuple[str | None, str | N
     """The key prefix, and the variable it came from."""
     explicit = text(env, "IDEMPOTENCY_KEY_PREFIX")
     prefix = explicit or text(env, "AWS_LAMBDA_FUNCTION_NAME")
+    variable = "IDEMPOTENCY_KEY_PREFIX" if explicit else "AWS_LAMBDA_FUNCTION_NAME"
     if not disabled and not prefix:
         raise IdempotencyConfigurationError(
             "IDEMPOTENCY_KEY_PREFIX is not set and neither is AWS_LAMBDA_FUNCTION_NAME; "
             "expected a prefix that tells this function's records apart in a shared table"
         )
-    return prefix, "IDEMPOTENCY_KEY_PREFIX" if explicit else "AWS_LAMBDA_FUNCTION_NAME"
+    if not disabled and prefix and not KEY_PREFIX.fullmatch(prefix):
+        # ascii(): a bidi or control character in the value is shown escaped, never as itself
+        used = "" if explicit else ", used as the key prefix as IDEMPOTENCY_KEY_PREFIX is unset"
+        raise IdempotencyConfigurationError(
+            f"{variable}={_shown(prefix)}{used} is not accepted: a key prefix is 1 to 64 of A-Z a-z 0-9 _ - "
+            "(Lambda's function-name alphabet), so that '<prefix>#' is a prefix no other function's keys share in "
+            "IAM dynamodb:LeadingKeys patterns, Valkey ACL key patterns and S3 resources"
+            + ("" if explicit else "; set IDEMPOTENCY_KEY_PREFIX")
+        )
+    return prefix, variable
+
+
+def _shown(value: str) -> str:
+    """`value` as an error shows it: escaped to ASCII, and cut short when long."""
+    return ascii(value) if len(value) <= 80 else f"{value[:64]!a}... ({len(value)} characters)"
 
 
 def _key_header(env: Mapping[str, str]) -> str:
@@ -229,7 +264,27 @@ _DECIDED = (
     ("metrics", "IDEMPOTENCY_METRICS", _METRICS, "off", "emf"),
     ("fail_whole_batch", "IDEMPOTENCY_BATCH_RESPONSE", _BATCH_RESPONSES, "partial", "fail"),
     ("durable_executions", "IDEMPOTENCY_DURABLE", _DURABLE_MODES, "pass", "execution"),
+    ("http_anonymous_shared", "IDEMPOTENCY_HTTP_ANONYMOUS", _HTTP_ANONYMOUS, "separate", "shared"),
+    ("http_previous_keys", "IDEMPOTENCY_HTTP_PREVIOUS_KEYS", _HTTP_PREVIOUS_KEYS, "consult", "consult"),
 )
+
+
+def _check_http_only(env: Mapping[str, str], values: dict[str, Any], caller_headers: tuple[str, ...]) -> None:
+    """Settings that only HTTP handling reads fail init under IDEMPOTENCY_HTTP=off rather than being ignored."""
+    if values["http"]:
+        return
+    if caller_headers:  # ignored, every caller would share a key
+        raise IdempotencyConfigurationError(
+            "IDEMPOTENCY_CALLER_HEADERS is set but IDEMPOTENCY_HTTP=off: caller headers scope only requests the "
+            "layer handles as HTTP, so every caller would share each key; unset IDEMPOTENCY_HTTP (auto), or put the "
+            "caller in IDEMPOTENCY_KEY_JMESPATH instead"
+        )
+    for name in ("IDEMPOTENCY_HTTP_ANONYMOUS", "IDEMPOTENCY_HTTP_PREVIOUS_KEYS"):
+        if text(env, name) is not None:
+            raise IdempotencyConfigurationError(
+                f"{name} is set but IDEMPOTENCY_HTTP=off: it decides only for requests the layer handles as HTTP, "
+                f"so nothing would read it; unset {name}, or unset IDEMPOTENCY_HTTP (auto)"
+            )
 
 
 # module.qualname as Powertools joins them: any text without spaces, with a dot between non-empty parts
@@ -253,6 +308,40 @@ def _check_powertools(values: dict[str, Any], attributes: Attributes) -> None:
             "out by default: a partition key only (unset IDEMPOTENCY_SORT_KEY_ATTR), its keys prefixed with the "
             "function's name (AWS_LAMBDA_FUNCTION_NAME, which Lambda sets)"
         )
+
+
+_MAC_SOURCES = ("secretsmanager", "ssm", "env")
+
+
+def _record_mac_sources(env: Mapping[str, str], values: dict[str, Any], attributes: Attributes) -> tuple[str, ...]:
+    """IDEMPOTENCY_RECORD_MAC_KEY's sources, current key first; their keys are read at init by the interceptor.
+    Each error names the entry, never a key."""
+    value = text(env, "IDEMPOTENCY_RECORD_MAC_KEY")
+    if value is None:
+        return ()
+    sources = tuple(part.strip() for part in value.split(","))
+    for index, source in enumerate(sources, 1):
+        kind, _, name = source.partition(":")
+        if kind not in _MAC_SOURCES or not name.strip():
+            raise IdempotencyConfigurationError(
+                f"IDEMPOTENCY_RECORD_MAC_KEY: entry {index} of {len(sources)} is not a key source (expected a comma "
+                "list of secretsmanager:<secret ARN or name>, ssm:<SecureString parameter name> or env:<VARIABLE>, "
+                "the current key first)"
+            )
+    if len(set(sources)) != len(sources):
+        raise IdempotencyConfigurationError("IDEMPOTENCY_RECORD_MAC_KEY names one key source twice")
+    if values["powertools_handler"] is not None:
+        raise IdempotencyConfigurationError(
+            "IDEMPOTENCY_RECORD_MAC_KEY and IDEMPOTENCY_POWERTOOLS_HANDLER cannot be set together: Powertools' "
+            "records carry no MAC, so a migration would replay results that cannot be authenticated; finish the "
+            "migration (unset IDEMPOTENCY_POWERTOOLS_HANDLER once Powertools' records have expired), then set the key"
+        )
+    if "mac" in attributes:
+        raise IdempotencyConfigurationError(
+            "IDEMPOTENCY_RECORD_MAC_KEY stores each record's MAC in the attribute 'mac', which an "
+            "IDEMPOTENCY_*_ATTR setting gives to another of the record's attributes; name that one otherwise"
+        )
+    return sources
 
 
 def _check_durable(values: dict[str, Any]) -> None:
@@ -298,9 +387,10 @@ NAMES = frozenset(
     + list(store_settings.ATTR_VARIABLES.values())
     + ["IDEMPOTENCY_DISABLED", "IDEMPOTENCY_ORIGINAL_HANDLER", "IDEMPOTENCY_TABLE", "IDEMPOTENCY_KEY_PREFIX",
        "IDEMPOTENCY_LARGE_RESULTS_BUCKET", "IDEMPOTENCY_LARGE_RESULTS_PREFIX",
+       "IDEMPOTENCY_LARGE_RESULTS_READ_BUCKETS",
        "IDEMPOTENCY_STORE", "IDEMPOTENCY_VALKEY_URL", "IDEMPOTENCY_VALKEY_SECRET", "IDEMPOTENCY_VALKEY_IAM",
        "IDEMPOTENCY_KEY_JMESPATH", "IDEMPOTENCY_KEY_HEADER", "IDEMPOTENCY_CALLER_HEADERS", "IDEMPOTENCY_LOG_LEVEL",
-       "IDEMPOTENCY_PARTITION_VALUE", "IDEMPOTENCY_METRICS_NAMESPACE"]
+       "IDEMPOTENCY_PARTITION_VALUE", "IDEMPOTENCY_METRICS_NAMESPACE", "IDEMPOTENCY_RECORD_MAC_KEY"]
     + ["IDEMPOTENCY_NEXT_WRAPPER", "IDEMPOTENCY_WRAPPER_CHAINED", "IDEMPOTENCY_CLI_TRACEBACK"]
 )
 
@@ -369,17 +459,12 @@ def load(env: Mapping[str, str] | None = None) -> Config:
                   for field, variable, accepted, default, meaning in _DECIDED)
     _check_powertools(values, attributes)
     _check_durable(values)
-    if caller_headers and not values["http"]:
-        # Caller headers scope only the requests the layer handles as HTTP: ignored, every caller shares a key.
-        raise IdempotencyConfigurationError(
-            "IDEMPOTENCY_CALLER_HEADERS is set but IDEMPOTENCY_HTTP=off: caller headers scope only requests the "
-            "layer handles as HTTP, so every caller would share each key; unset IDEMPOTENCY_HTTP (auto), or put the "
-            "caller in IDEMPOTENCY_KEY_JMESPATH instead"
-        )
-    results_bucket, results_prefix = store_settings.read_large_results(env)
+    _check_http_only(env, values, caller_headers)
+    results_bucket, results_prefix, read_buckets = store_settings.read_large_results(env, prefix or "")
     return Config(
         large_results_bucket=results_bucket,
         large_results_prefix=results_prefix,
+        large_results_read_buckets=read_buckets,
         disabled=disabled,
         table=table,
         key_jmespath=None if key_jmespath == "@" else key_jmespath,
@@ -393,5 +478,6 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         metrics_namespace=_namespace(env),
         store=store,
         valkey=valkey,
+        record_mac_sources=_record_mac_sources(env, values, attributes),
         **values,
     )

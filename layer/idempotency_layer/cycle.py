@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from typing import Any, NamedTuple
 
     from .invocation import Invocation
+    from .record_mac import RecordMac
 
 MAX_CLAIM_ATTEMPTS = 3
 # A claim outlasts its invocation's deadline by this much. Whether a claim has expired is judged by the clock of
@@ -125,13 +126,17 @@ if TYPE_CHECKING:
         completed: bool
         value: Any = None
         mismatch: bool = False
+        ours: bool = False
 else:
-    _EarlierFields = namedtuple("Earlier", ("said", "completed", "value", "mismatch"), defaults=(None, False))
+    _EarlierFields = namedtuple("Earlier", ("said", "completed", "value", "mismatch", "ours"),
+                                defaults=(None, False, False))
 
 
 class Earlier(_EarlierFields):
     """What a record another tool wrote says of a key this layer has just claimed (a migration): its result
-    (`completed`), a live claim of its own, or a payload that differs (`mismatch`); `said` names that record."""
+    (`completed`), a live claim of its own, or a payload that differs (`mismatch`); `said` names that record.
+    `ours`: the record is this layer's own, under the key the event had before an upgrade (`previous`): its
+    result is kept as a handler's is (one too large for a record goes to the large-results bucket)."""
     __slots__ = ()
 
 
@@ -160,6 +165,36 @@ def _still_running(inv: Invocation, key: str, started: float) -> IdempotencyAlre
     )
 
 
+def _completion_failed(environment: Environment, inv: Invocation, key: str, error: IdempotencyPersistenceLayerError,
+                       attempts: int) -> None:
+    logger.error("completing key %r failed after %d attempt(s)%s; returning the result anyway: %s", key,
+                 attempts, " (the request may have landed)" if error.uncertain else "", error, extra=fields(key))
+    inv.count("CompletionFailures")
+    if error.permanent:
+        environment.refusal = (
+            f"this execution environment runs no more handlers: completing key {key!r} failed for a reason "
+            f"no retry can change ({error}); fix the table or the function's role, then redeploy"
+        )
+        logger.error("%s", environment.refusal, extra=fields(key))
+
+
+_UNSEALED: dict[str, Any] = {}  # what `store.complete` is given beyond its arguments without a record MAC
+
+
+def _sealing(mac: RecordMac, key: str, expires_at: int, owner: str, fingerprint: str | None) -> dict[str, Any]:
+    """What `store.complete` is given beyond its arguments with a record MAC: the seal of the record it writes."""
+    return {"seal": lambda stored: mac.seal(key, expires_at, owner, stored, fingerprint)}
+
+
+def _authenticate(mac: RecordMac, inv: Invocation, record: Record) -> None:
+    """Raise unless the completed `record` passes its MAC: never decoded, replayed or taken as done."""
+    try:
+        mac.check(record)
+    except IdempotencyPersistenceLayerError as error:
+        inv.count("RecordIntegrityFailures")
+        logger.error("%s", error, extra=fields(record.key, "record_refused"))
+        raise
+
 
 class Cycle:
     """The protocol for one environment's handler: its store, its `keeper` (how results are kept, its local cache),
@@ -167,9 +202,12 @@ class Cycle:
 
     def __init__(self, store: Store, ttl_seconds: int, cache_size: int = 0, clock: Callable[[], float] = time.time,
                  results: Results | None = None, min_claim_ms: int = 0, wait_seconds: float = 0.0,
-                 sleep: Callable[[float], None] = time.sleep, precheck: str = "auto", bucket: Any = None) -> None:
-        """`results`, `cache_size` and `bucket` (IDEMPOTENCY_LARGE_RESULTS_BUCKET, or None) are the `keeper`'s."""
+                 sleep: Callable[[float], None] = time.sleep, precheck: str = "auto", bucket: Any = None,
+                 mac: RecordMac | None = None) -> None:
+        """`results`, `cache_size` and `bucket` (IDEMPOTENCY_LARGE_RESULTS_BUCKET, or None) are the `keeper`'s;
+        `mac` (IDEMPOTENCY_RECORD_MAC_KEY, or None) seals completions, and every completed record must pass it."""
         self.store = store
+        self.mac = mac
         self.keeper = Keeper(results or ValueResults(), bucket, cache_size, clock)
         self.precheck_mode = precheck  # IDEMPOTENCY_BATCH_PRECHECK: auto, always or never (config decided it)
         self.ttl_seconds = ttl_seconds
@@ -199,11 +237,11 @@ class Cycle:
             return Outcome(self.keeper.replay(taken.record, results, _requests_by(inv.deadline)), True)
         claimed = taken
         if earlier is not None:
-            replayed = self._earlier(inv, key, claimed.owner, earlier, results)
+            replayed = self._earlier(inv, key, claimed.owner, earlier, results, fingerprint)
             if replayed is not None:
                 return replayed
         inv.count("FirstExecutions")
-        return Outcome(self._invoke(inv, key, claimed.owner, invoke, results, keep), False)
+        return Outcome(self._invoke(inv, key, claimed.owner, invoke, results, keep, fingerprint), False)
 
     def take(self, inv: Invocation, key: str, fingerprint: str | None = None,
              owner: str | None = None) -> Claimed | Found | codec.Encoded:
@@ -280,7 +318,12 @@ class Cycle:
             return {}  # (one key: its claim answers a done record in one request too)
         from .precheck import Precheck
 
-        return Precheck(self.store, self.environment, self.clock, self.sleep).found(inv, wanted)
+        return Precheck(self.store, self.environment, self.clock, self.sleep, self.mac).found(inv, wanted)
+
+    def authenticate(self, inv: Invocation, record: Record) -> None:
+        """Raise unless completed `record` passes the record MAC (IDEMPOTENCY_RECORD_MAC_KEY); nothing when unset."""
+        if self.mac is not None:
+            _authenticate(self.mac, inv, record)
 
     def claim(self, inv: Invocation, key: str, fingerprint: str | None = None,
               remaining_ms: int | None = None, owner: str | None = None) -> Claimed | Found:
@@ -320,10 +363,11 @@ class Cycle:
             logger.debug("withdrawing a claim on key %r that may have landed failed too", key,
                          extra=fields(key, "store_error"))
 
-    def complete(self, inv: Invocation, key: str, owner: str, result: codec.Encoded) -> bool:
+    def complete(self, inv: Invocation, key: str, owner: str, result: codec.Encoded,
+                 fingerprint: str | None = None) -> bool:
         """Mark our claim on `key` completed with `result`: whether it landed (with the result, or without it when
-        only that fits). Never raises: the handler has run, and failing now would make the caller retry into a
-        second run.
+        only that fits; `fingerprint`: the claim's, which the record's MAC covers). Never raises: the handler has
+        run, and failing now would make the caller retry into a second run.
 
         Every attempt, the transport's own retries and timeouts included, ends `RETURN_MARGIN_MS` before the
         invocation's deadline. A failure a retry may cure (throttling, a 5xx, a lost connection) is retried with
@@ -343,16 +387,17 @@ class Cycle:
             # until `last + LAST_CHANCE_S`), so the time a completion gets never shrinks as the handler ends later.
             last = deadline.earlier(LATE_COMPLETE_MARGIN_MS / 1000 + LAST_CHANCE_S)
         retry_by = deadline.earlier(COMPLETE_MARGIN_MS / 1000)
+        sealed = _UNSEALED if self.mac is None else _sealing(self.mac, key, expires_at, owner, fingerprint)
         attempt = 1
         while True:
             try:
                 with inv.timed:
-                    completed = self.store.complete(key, owner, result, expires_at, last)
+                    completed = self.store.complete(key, owner, result, expires_at, last, **sealed)
                 break
             except IdempotencyPersistenceLayerError as error:
                 pause = COMPLETE_RETRIES.delay(attempt)
                 if error.permanent or not retry_by.allows(pause):
-                    self._completion_failed(inv, key, error, attempt)
+                    _completion_failed(self.environment, inv, key, error, attempt)
                     return False
                 logger.warning("completing key %r failed (attempt %d), retrying in %.2f s: %s", key, attempt, pause,
                                error, extra=fields(key))
@@ -365,7 +410,7 @@ class Cycle:
                 bare = result if result.data is None else codec.Encoded(codec.TOO_LARGE, None)
                 try:
                     with inv.timed:
-                        return bool(self.store.complete(key, owner, bare, expires_at, last))
+                        return bool(self.store.complete(key, owner, bare, expires_at, last, **sealed))
                 except BaseException:
                     logger.error("completing key %r without its result failed too; it stays claimed until its "
                                  "deadline", key, extra=fields(key))
@@ -378,18 +423,6 @@ class Cycle:
         elif self.keeper.cache is not None:
             self.keeper.cache.put(key, expires_at, result, owner)
         return bool(completed)
-
-    def _completion_failed(self, inv: Invocation, key: str, error: IdempotencyPersistenceLayerError,
-                           attempts: int) -> None:
-        logger.error("completing key %r failed after %d attempt(s)%s; returning the result anyway: %s", key,
-                     attempts, " (the request may have landed)" if error.uncertain else "", error, extra=fields(key))
-        inv.count("CompletionFailures")
-        if error.permanent:
-            self.environment.refusal = (
-                f"this execution environment runs no more handlers: completing key {key!r} failed for a reason "
-                f"no retry can change ({error}); fix the table or the function's role, then redeploy"
-            )
-            logger.error("%s", self.environment.refusal, extra=fields(key))
 
     def release(self, inv: Invocation, key: str, owner: str) -> bool:
         """Delete our claim on `key`, so a retry runs the handler again: False when the release failed (the claim
@@ -436,6 +469,8 @@ class Cycle:
                 return True
             now = self.clock()
             if not record.is_expired(now):
+                if self.mac is not None and record.status == COMPLETED:
+                    _authenticate(self.mac, inv, record)  # before its fingerprint, which it covers, or any use
                 if record.status == COMPLETED or not record.is_claim_expired(now):
                     check_fingerprint(key, record.fingerprint, fingerprint)  # before any replay or wait
                 if record.status == COMPLETED:
@@ -480,6 +515,8 @@ class Cycle:
             poll_s = time.monotonic() - polled
             now = self.clock()
             if record is not None and not record.is_expired(now):
+                if self.mac is not None and record.status == COMPLETED:
+                    _authenticate(self.mac, inv, record)
                 check_fingerprint(key, record.fingerprint, fingerprint)
                 if record.status == COMPLETED:
                     inv.count("WaitsReplayed")
@@ -496,7 +533,7 @@ class Cycle:
             return claimed
 
     def _earlier(self, inv: Invocation, key: str, owner: str, earlier: Callable[[Deadline], Earlier | None],
-                 results: Results) -> Outcome | None:
+                 results: Results, fingerprint: str | None = None) -> Outcome | None:
         """What another tool's record says of the key we hold: None (run the handler), or its result, replayed
         and kept as ours. Anything else releases our claim: its live claim, another payload, a failed read."""
         try:
@@ -516,8 +553,11 @@ class Cycle:
                 raise IdempotencyPayloadMismatchError(f"key {key!r}: {found.said} was written for another payload")
             inv.count("InProgressConflicts")
             raise IdempotencyAlreadyInProgressError(f"key {key!r}: {found.said} is in progress")
-        delivered, result = self.keeper.adopt(found.value, results)
-        self.complete(inv, key, owner, result)
+        if found.ours:
+            delivered, result = self.keeper.encode(inv, key, found.value, results, owner, _requests_by(inv.deadline))
+        else:
+            delivered, result = self.keeper.adopt(found.value, results)
+        self.complete(inv, key, owner, result, fingerprint)
         inv.count("Replays")
         logger.info("key %r: replayed %s, now kept as this layer's record", key, found.said,
                     extra=fields(key, "replay"))
@@ -542,7 +582,7 @@ class Cycle:
         return found
 
     def _invoke(self, inv: Invocation, key: str, owner: str, invoke: Callable[[], Any], results: Results,
-                keep: Callable[[Any], bool] | None = None) -> Any:
+                keep: Callable[[Any], bool] | None = None, fingerprint: str | None = None) -> Any:
         try:
             value = invoke()
         except BaseException:
@@ -553,5 +593,5 @@ class Cycle:
             return value
         # From here on the handler has run: every failure of ours ends in a completion, never a bare claim.
         delivered, result = self.keeper.encode(inv, key, value, results, owner, _requests_by(inv.deadline))
-        self.complete(inv, key, owner, result)
+        self.complete(inv, key, owner, result, fingerprint)
         return delivered

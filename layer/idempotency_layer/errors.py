@@ -26,14 +26,17 @@ class IdempotencyPersistenceLayerError(IdempotencyError):
 
     `permanent`: retrying cannot help (no table, no permission, a request the table refuses). `uncertain`: the
     failed request may have been applied all the same (its answer lost, a 5xx). `denied`: the function's role may
-    not make this request (a permission the layer can work without, such as BatchGetItem's, is then given up)."""
+    not make this request (a permission the layer can work without, such as BatchGetItem's, is then given up).
+    `integrity`: a completed record failed its authentication (IDEMPOTENCY_RECORD_MAC_KEY); it is never used,
+    and a batch reports its record failed."""
 
     def __init__(self, message: str, *, permanent: bool = False, uncertain: bool = False,
-                 denied: bool = False) -> None:
+                 denied: bool = False, integrity: bool = False) -> None:
         super().__init__(message)
         self.permanent = permanent
         self.uncertain = uncertain
         self.denied = denied
+        self.integrity = integrity
 
 
 class IdempotencyResultTooLargeError(IdempotencyError):

@@ -31,7 +31,7 @@ from .errors import (
     IdempotencyPersistenceLayerError,
 )
 from .log import fields
-from .plan import BATCH, DURABLE, EXECUTION, HTTP, MISMATCH
+from .plan import BATCH, DURABLE, EXECUTION, HTTP, MISMATCH, REQUIRED
 from .results import ExecutionResults
 from .stores.protocol import Record
 
@@ -102,7 +102,13 @@ def _result_text(key: str, value: Any) -> str:
 def _fails_the_batch(claimed: Any) -> bool:
     """A claim's failure that fails the whole batch (the store's, the settings'), not only its record's."""
     return isinstance(claimed, Exception) and not isinstance(
-        claimed, (IdempotencyAlreadyInProgressError, IdempotencyPayloadMismatchError))
+        claimed, (IdempotencyAlreadyInProgressError, IdempotencyPayloadMismatchError)) and not _refused(claimed)
+
+
+def _refused(claimed: Any) -> bool:
+    """A completed record that failed its authentication (IDEMPOTENCY_RECORD_MAC_KEY): its batch record is
+    reported failed, never taken as done, and the rest of the batch goes on."""
+    return isinstance(claimed, IdempotencyPersistenceLayerError) and claimed.integrity
 
 
 class Executor:
@@ -136,8 +142,10 @@ class Executor:
             return self._batch(plan, event, context, inv)
         return self._whole(plan, event, context, inv)
 
-    def _say(self, plan: Plan) -> None:
+    def _say(self, plan: Plan, inv: Invocation) -> None:
         for note in plan.notes:
+            if note.metric is not None:
+                inv.count(note.metric)
             if note.once is not None:
                 if note.once in self.said:
                     continue
@@ -164,7 +172,7 @@ class Executor:
         if plan.refusal is not None:  # answered, not raised: a raise would have the service invoke it again
             logger.warning("%s", plan.refusal, extra=fields(None, "not_claimed"))
             return durable.failed(plan.refusal)
-        self._say(plan)
+        self._say(plan, inv)
         key = unit.key
         if key is None:
             inv.count("PassThroughs")
@@ -183,10 +191,11 @@ class Executor:
             return durable.failed(error)
         inv.count("OwnerInvocations" if taken.held else "FirstExecutions")
         answer = self.handler(event, context)  # a raise keeps the claim: the service invokes the execution again
-        self._settle(inv, key, taken.owner, answer, results)
+        self._settle(inv, key, taken.owner, answer, results, unit.fingerprint)
         return answer
 
-    def _settle(self, inv: Invocation, key: str, owner: str, answer: Any, results: Any) -> None:
+    def _settle(self, inv: Invocation, key: str, owner: str, answer: Any, results: Any,
+                fingerprint: str | None = None) -> None:
         """The execution's claim follows its answer: SUCCEEDED completes it with the result text, FAILED releases
         it, PENDING keeps it for the execution's next invocation. A completion or a release that did not land
         fails the invocation instead of answering: the service invokes the execution again, its steps replay
@@ -204,7 +213,7 @@ class Executor:
         elif state == durable.SUCCEEDED and (text is None or isinstance(text, str)):
             result = self.cycle.keeper.encode(inv, key, text, results)[1]
             inv.count("ExecutionsCompleted")
-            if not self.cycle.complete(inv, key, owner, result):
+            if not self.cycle.complete(inv, key, owner, result, fingerprint):
                 raise IdempotencyPersistenceLayerError(
                     f"completing key {key!r} after its durable execution succeeded did not succeed; this invocation "
                     "fails so that the service invokes the execution again, which replays its steps from their "
@@ -217,7 +226,7 @@ class Executor:
     def _whole(self, plan: Plan, event: Any, context: Any, inv: Invocation) -> Any:
         if plan.refusal is not None:
             raise plan.refusal
-        self._say(plan)
+        self._say(plan, inv)
         unit = plan.units[0]
         if unit.key is None:
             inv.count("PassThroughs")
@@ -232,9 +241,11 @@ class Executor:
 
         inv.describe(HTTP)
         request = plan.request
+        request_id = getattr(context, "aws_request_id", None)
         if plan.refusal is not None:
-            return http.problem(request, 400, str(plan.refusal))
-        self._say(plan)
+            required = plan.units[0].refused == REQUIRED
+            return http.refuse(request, plan.refusal, required, self.settings.key_header, request_id)
+        self._say(plan, inv)
         unit = plan.units[0]
         key = unit.key
         if key is None:
@@ -249,14 +260,51 @@ class Executor:
         # is the text the runtime sent the first time, whatever a later runtime's marshaller would write.
         results = values.shaped(lambda value, text: http.explicit(request, value, lambda _: text))
         inv.describe(HTTP, key)
+        earlier = None if unit.previous is None else self._previous(inv, request, unit, results)
         try:
             outcome = self.cycle.run(inv, key, partial(self.handler, event, context), unit.fingerprint,
-                                     results=results, keep=lambda response: http.storable(request, response, key))
+                                     results=results, keep=partial(self._keeps, request, key), earlier=earlier)
         except IdempotencyError as error:
-            return http.answer(request, error, key, self.settings.payload_jmespath)
+            return http.answer(request, error, key, self.settings.payload_jmespath, request_id)
         if not outcome.replayed:
             return outcome.value
         return http.mark_replayed(request, outcome.value, values.text)  # text: for an earlier version's record
+
+    def _previous(self, inv: Any, request: Any, unit: Any, results: Any) -> Callable[[Any], Any]:
+        """The read of the record under the request's previous key (`previous.reader`): a stored response that
+        sets a cookie for an anonymous caller is as none, since this version would not have stored it; with
+        IDEMPOTENCY_RECORD_MAC_KEY, a completed one is authenticated before it is decoded, as every record is."""
+        from .previous import reader
+        from .sources import http
+
+        def withheld(response: Any) -> bool:
+            return (not self.settings.http_anonymous_shared and http.sets_cookie(request, response)
+                    and http.anonymous(request, self.settings.caller_headers))
+
+        cycle = self.cycle
+        return reader(cycle.store, cycle.keeper, unit.previous, unit.fingerprint, results, cycle.clock, withheld,
+                      partial(cycle.authenticate, inv))
+
+    def _keeps(self, request: Any, key: str, response: Any) -> bool:
+        """Whether the handler's `response` to `request` is stored: not a server error (`http.storable`), and no
+        cookie set for an anonymous caller (under IDEMPOTENCY_HTTP_ANONYMOUS=separate): every caller the request
+        does not tell apart shares the key's scope, so a stored cookie would be replayed to another one."""
+        from .sources import http
+
+        if not http.storable(request, response, key):
+            return False
+        if (self.settings.http_anonymous_shared or not http.sets_cookie(request, response)
+                or not http.anonymous(request, self.settings.caller_headers)):
+            return True
+        if "anonymous cookie" not in self.said:
+            self.said.add("anonymous cookie")
+            logger.warning("a response that sets a cookie (Set-Cookie, or payload 2.0's cookies) to a caller the "
+                           "request does not name (no authorizer, none of IDEMPOTENCY_CALLER_HEADERS) is not "
+                           "stored: it would be replayed to anyone sending the same key, so a retry runs again; name "
+                           "the caller (an authorizer, or IDEMPOTENCY_CALLER_HEADERS), or set "
+                           "IDEMPOTENCY_HTTP_ANONYMOUS=shared (said once per environment)",
+                           extra=fields(key, "released"))
+        return False
 
     # -- batches ------------------------------------------------------------------------------------------------
 
@@ -266,7 +314,7 @@ class Executor:
         batch = plan.batch
         inv.describe(BATCH, records=len(batch.records))
         self.cycle.check()
-        self._say(plan)
+        self._say(plan, inv)
         if self.earlier is not None and "powertools batch" not in self.said:
             self.said.add("powertools batch")
             logger.warning("IDEMPOTENCY_POWERTOOLS_HANDLER reads Powertools' records of whole events only: this "
@@ -300,7 +348,9 @@ class Executor:
                                                      self.settings.stream_checkpoint)
             if note is not None:
                 logger.info("%s", note, extra=fields(None, "released"))
-            self._complete(inv, [(key, owner) for key, owner in owned if key not in failed_keys])
+            prints = ({} if self.cycle.mac is None else  # what a record's MAC covers: each key's claim fingerprint
+                      {unit.key: unit.fingerprint for unit in plan.units if unit.first is None})
+            self._complete(inv, [(key, owner) for key, owner in owned if key not in failed_keys], prints)
             self._release(inv, [(key, owner) for key, owner in owned if key in failed_keys])
         return rules.respond(plan, value, bool(passed), failed, self.settings.fail_whole_batch)
 
@@ -342,6 +392,8 @@ class Executor:
                 logger.warning("%s; its record is reported as failed", claimed, extra=fields(key, "mismatch"))
                 busy.add(key)
                 mismatches += 1
+            elif _refused(claimed):
+                busy.add(key)  # said and counted by the cycle
             elif claimed is not SKIPPED:
                 failure = failure or claimed
         if failure is not None:
@@ -376,9 +428,10 @@ class Executor:
                 copies.append(index)
         return passed, failed, copies
 
-    def _complete(self, inv: Invocation, claims: list[tuple[str, str]]) -> None:
+    def _complete(self, inv: Invocation, claims: list[tuple[str, str]], prints: dict[Any, str | None]) -> None:
+        """Complete each claim as done; `prints`: the fingerprint each key was claimed with."""
         done = codec.Encoded(codec.DONE, None)
-        self.pool.map(lambda claim: self.cycle.complete(inv, claim[0], claim[1], done), claims)
+        self.pool.map(lambda claim: self.cycle.complete(inv, claim[0], claim[1], done, prints.get(claim[0])), claims)
 
     def _release(self, inv: Invocation, claims: list[tuple[str, str]]) -> None:
         self.pool.map(lambda claim: self.cycle.release(inv, *claim), claims)

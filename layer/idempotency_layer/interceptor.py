@@ -70,6 +70,14 @@ def _unopened(config: _config.Config, error: Exception) -> str:
             f"{type(error).__name__}: {error}; check AWS_REGION, the credentials and AWS_ENDPOINT_URL_DYNAMODB")
 
 
+def _record_mac(config: _config.Config, store: Any) -> Any:
+    """The record MAC of IDEMPOTENCY_RECORD_MAC_KEY for `store`: its keys read once, within record_mac.KEYS_S of
+    init (`record_mac.keyed`, whose errors name the setting and the source, never a key)."""
+    from .record_mac import keyed
+
+    return keyed(config, os.environ, store.identity)
+
+
 def build(config: _config.Config, user_handler: Any, *, transport: Any = None, store: Any = None,
           cycle: Any = None) -> Any:
     """The handler that makes `user_handler` idempotent under `config`: each event planned (`sources.plan`) and the
@@ -94,9 +102,10 @@ def build(config: _config.Config, user_handler: Any, *, transport: Any = None, s
             # deadline.
             store.verify(Deadline.after(INIT_CHECK_S))
         bucket = open_bucket(config)  # None without IDEMPOTENCY_LARGE_RESULTS_BUCKET, and no S3 code imported
+        mac = _record_mac(config, store) if config.record_mac_sources else None
         cycle = Cycle(store, config.ttl_seconds, config.local_cache_size, results=runtime_results(),
                       min_claim_ms=config.in_progress_seconds * 1000, wait_seconds=config.wait_seconds,
-                      precheck=config.batch_precheck, bucket=bucket)
+                      precheck=config.batch_precheck, bucket=bucket, mac=mac)
     earlier = None
     if config.powertools_handler is not None:  # a migration from Powertools' @idempotent: imported only then
         from .powertools import Reader

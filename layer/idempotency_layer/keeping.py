@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
         def located(self, result: codec.Encoded) -> Any: ...  # the pointer (bucket, object_key, size, sha256)
 
-        def look(self, result: codec.Encoded) -> codec.Encoded | tuple[str, str]: ...
+        def look(self, key: str, result: codec.Encoded) -> codec.Encoded | tuple[str, str]: ...
 
     class Bucket(Reader, Protocol):
         """What the keeper asks of the large-results bucket (`stores.s3.Bucket` answers it)."""

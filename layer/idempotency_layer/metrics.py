@@ -49,6 +49,8 @@ COUNTS = (
     "LargeResults",
     "LargeResultFailures",
     "StoreErrors",
+    "AnonymousScope",
+    "RecordIntegrityFailures",
 )
 SOURCES = ("event", "batch", "http", "durable", "execution")
 DIMENSIONS = ("FunctionName", "Source")
@@ -74,6 +76,8 @@ _OUTCOMES = {
                            "duplicate executions",
     "execution_released": "the durable execution that owns the key failed: released, so a later delivery runs again",
     "store_error": "store error: the store could not be used; the handler did not run",
+    "record_refused": "record refused: the completed record failed its authentication (IDEMPOTENCY_RECORD_MAC_KEY) "
+                      "and was not used; the handler did not run",
     "not_claimed": "no claim made: the key was refused, or this environment runs no handler",
 }
 # Batch lines name counts of records by these words.
@@ -88,6 +92,8 @@ _WORDS = {
     "LargeResults": "result(s) in the bucket", "LargeResultFailures": "bucket write failure(s)",
     "WaitsReplayed": "wait(s) ended in a replay", "WaitsClaimed": "wait(s) ended in a claim",
     "WaitsTimedOut": "wait(s) timed out",
+    "AnonymousScope": "anonymous scope",
+    "RecordIntegrityFailures": "record(s) refused as not authentic",
 }
 
 
@@ -169,6 +175,8 @@ def outcome(tally: Tally) -> str | None:
         return "local_cache_replay"
     if counts.get("StoreErrors"):
         return "store_error"
+    if counts.get("RecordIntegrityFailures"):
+        return "record_refused"
     return "not_claimed"
 
 

@@ -43,9 +43,12 @@ if TYPE_CHECKING:
         refused: str | None = None
         first: int | None = None  # another record of the batch with the same key, before it: that one's index
         why: str | None = None  # the error that refused it, in words (no event content)
+        # HTTP: the key the request had before an upgrade changed what keys are made of, read by a first run
+        # (IDEMPOTENCY_HTTP_PREVIOUS_KEYS), so a retry that straddles the upgrade is replayed; None: not read
+        previous: str | None = None
 else:
-    _UnitFields = namedtuple("Unit", ("key", "fingerprint", "position", "group", "refused", "first", "why"),
-                          defaults=(None, 0, None, None, None, None))
+    _UnitFields = namedtuple("Unit", ("key", "fingerprint", "position", "group", "refused", "first", "why",
+                                      "previous"), defaults=(None, 0, None, None, None, None, None))
 
 
 class Unit(_UnitFields):
@@ -60,12 +63,15 @@ if TYPE_CHECKING:
         key: str | None = None
         outcome: str | None = None
         once: str | None = None  # said once per environment under this name
+        metric: str | None = None  # a count added to the invocation's tally each time, said or not
 else:
-    _NoteFields = namedtuple("Note", ("level", "message", "key", "outcome", "once"), defaults=(None, None, None))
+    _NoteFields = namedtuple("Note", ("level", "message", "key", "outcome", "once", "metric"),
+                             defaults=(None, None, None, None))
 
 
 class Note(_NoteFields):
-    """A line the plan asks to be logged: `level` a logging level, `key` and `outcome` its fields."""
+    """A line the plan asks to be logged: `level` a logging level, `key` and `outcome` its fields; `metric`, a
+    count it adds to (`metrics.COUNTS`) every time it is carried out, when it is said only once."""
     __slots__ = ()
 
 

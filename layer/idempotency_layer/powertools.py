@@ -59,7 +59,19 @@ class Reader:
         payload = self.keys.select_payload(event) if self.keys.payload else None
 
         def read(deadline: Deadline) -> Earlier | None:
-            item = self.store.foreign(key, NAMES, deadline)
+            try:
+                item = self.store.foreign(key, NAMES, deadline)
+            except IdempotencyPersistenceLayerError as error:
+                if not error.denied:
+                    raise
+                # A role confined to this function's keys (dynamodb:LeadingKeys of `<prefix>#*`) may not read
+                # Powertools' key, which lies outside them: say which statement is missing, not just "denied".
+                # A persistence error, not a configuration error: it is raised by an invocation (init sends no
+                # Powertools read), the cycle releases its claim so the handler does not run, and the event
+                # comes back (a 5xx, a failed record, a retried invocation) to succeed once the grant is made,
+                # with no redeploy, while a configuration error says the environment can never work.
+                raise IdempotencyPersistenceLayerError(
+                    denied_message(self.prefix), permanent=True, denied=True) from error
             if item is not None and "validation" in item and self.keys.payload is None and not self.warned:
                 self.warned = True
                 logger.warning("Powertools checked this function's payloads (its record %r has a validation hash), "
@@ -68,6 +80,12 @@ class Reader:
             return None if item is None else judge(key, item, payload, self.keys.payload is not None, time.time())
 
         return read
+
+
+def denied_message(prefix: str) -> str:
+    """What a first run says when the role may not read Powertools' records of `prefix` (`<function>.<handler>`)."""
+    return (f"the function's role may not read the Powertools record of this invocation: grant dynamodb:GetItem on "
+            f"keys '{prefix}#*' (a GetItem-only statement, docs/security.md)")
 
 
 def judge(key: str, item: dict[str, Any], payload: Any, compare: bool, now: float) -> Earlier | None:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .invocation import Invocation
+    from .record_mac import RecordMac
     from .stores.protocol import Record, Store
 
 # The keys a read leaves unprocessed are read again after 50 ms, doubling to 1 s, with jitter, at most
@@ -32,13 +33,15 @@ logger = logging.getLogger("idempotency_layer")
 
 class Precheck:
     """One batch's pre-check against `store`; `environment` (the cycle's `Environment`) learns here that the store
-    refuses the read (`precheck_denied`)."""
+    refuses the read (`precheck_denied`). With `mac` (IDEMPOTENCY_RECORD_MAC_KEY) the read takes whole records, and
+    only those that pass it are answered: any other is left to its claim, which refuses it (and says so once)."""
 
-    __slots__ = ("clock", "environment", "sleep", "store")
+    __slots__ = ("clock", "environment", "mac", "sleep", "store")
 
     def __init__(self, store: Store, environment: Any, clock: Callable[[], float],
-                 sleep: Callable[[float], None]) -> None:
+                 sleep: Callable[[float], None], mac: RecordMac | None = None) -> None:
         self.store = store
+        self.mac = mac
         self.environment = environment
         self.clock = clock
         self.sleep = sleep
@@ -75,6 +78,8 @@ class Precheck:
             for key, record in records.items():
                 if record.status != COMPLETED or record.is_expired(now):
                     continue
+                if self.mac is not None and self.mac.fault(record) is not None:
+                    continue
                 try:
                     check_fingerprint(key, record.fingerprint, wanted[key])
                 except IdempotencyPayloadMismatchError as error:
@@ -88,7 +93,8 @@ class Precheck:
         records: dict[str, Record] = {}
         for attempt in range(1, MAX_READ_ATTEMPTS + 1):
             with inv.timed:
-                read, keys = self.store.read(keys, until)
+                read, keys = (self.store.read(keys, until) if self.mac is None
+                              else self.store.read(keys, until, whole=True))
             records.update(read)
             if not keys:
                 return records

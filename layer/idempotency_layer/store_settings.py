@@ -24,6 +24,8 @@ _DYNAMODB_ONLY = ("IDEMPOTENCY_TABLE", "IDEMPOTENCY_TRANSPORT", "IDEMPOTENCY_PAR
                   "IDEMPOTENCY_POWERTOOLS_HANDLER")
 _TABLE_NAME = re.compile(r"[A-Za-z0-9_.-]{3,255}")
 _TABLE_ARN = re.compile(r"arn:aws[a-z-]*:dynamodb:[a-z0-9-]+:[0-9]{12}:table/[A-Za-z0-9_.-]{3,255}")
+# IDEMPOTENCY_PARTITION_VALUE: as the default idempotency#<prefix> is (config.KEY_PREFIX), `#` allowed
+_PARTITION_VALUE = re.compile(r"[A-Za-z0-9_#-]{1,128}")
 _DIGEST_CHARS = 1 + 64  # "#" and the sha256 hex digest after the prefix
 _PARTITION_KEY_BYTES, _SORT_KEY_BYTES = 2048, 1024  # DynamoDB's limits on key values
 ATTR_VARIABLES = {
@@ -217,18 +219,39 @@ BUCKET = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
 _OBJECT_PREFIX = re.compile(r"[A-Za-z0-9!_.*'()/-]{0,512}")
 
 
-def read_large_results(env: Mapping[str, str]) -> tuple[str | None, str]:
+# The prefix a bucket setting had before the default became per function: records completed then point to
+# objects `idempotency-results/<record key>/<owner>`, which replays still read (docs/large-results.md#migration).
+LEGACY_PREFIX = "idempotency-results/"
+
+
+def default_results_prefix(key_prefix: str) -> str:
+    """IDEMPOTENCY_LARGE_RESULTS_PREFIX when unset: one folder per function (`idempotency-results/<P>/`), so a
+    function's role can be granted its own objects alone."""
+    return f"{LEGACY_PREFIX}{key_prefix}/" if key_prefix else LEGACY_PREFIX
+
+
+def reachable_bucket(name: str) -> bool:
+    """Whether `name` is a bucket name this layer can reach: 3 to 63 of a-z 0-9 -, no dots, and none of the forms
+    S3 reserves (the setting's rule; also what a pointer, or the read allow-list, may name)."""
+    reserved = name.startswith(("xn--", "sthree-")) or name.endswith(("-s3alias", "--ol-s3"))
+    return BUCKET.fullmatch(name) is not None and not reserved
+
+
+def read_large_results(env: Mapping[str, str], key_prefix: str) -> tuple[str | None, str, tuple[str, ...]]:
+    """The bucket, the objects' prefix (by default `default_results_prefix(key_prefix)`) and the other buckets
+    replays may read (IDEMPOTENCY_LARGE_RESULTS_READ_BUCKETS)."""
     bucket = text(env, "IDEMPOTENCY_LARGE_RESULTS_BUCKET")
     prefix = text(env, "IDEMPOTENCY_LARGE_RESULTS_PREFIX")
+    readable = text(env, "IDEMPOTENCY_LARGE_RESULTS_READ_BUCKETS")
     if bucket is None:
-        if prefix is not None:
-            raise IdempotencyConfigurationError(
-                "IDEMPOTENCY_LARGE_RESULTS_PREFIX is set but IDEMPOTENCY_LARGE_RESULTS_BUCKET is not: no result would "
-                "go there"
-            )
-        return None, "idempotency-results/"
-    reserved = bucket.startswith(("xn--", "sthree-")) or bucket.endswith(("-s3alias", "--ol-s3"))
-    if not BUCKET.fullmatch(bucket) or reserved:
+        for name, value in (("IDEMPOTENCY_LARGE_RESULTS_PREFIX", prefix),
+                            ("IDEMPOTENCY_LARGE_RESULTS_READ_BUCKETS", readable)):
+            if value is not None:
+                raise IdempotencyConfigurationError(
+                    f"{name} is set but IDEMPOTENCY_LARGE_RESULTS_BUCKET is not: no result would go there or be read"
+                )
+        return None, default_results_prefix(key_prefix), ()
+    if not reachable_bucket(bucket):
         raise IdempotencyConfigurationError(
             f"IDEMPOTENCY_LARGE_RESULTS_BUCKET={bucket!r} is not an S3 bucket name this layer can reach (3 to 63 of "
             "a-z 0-9 -, no dots)"
@@ -238,7 +261,21 @@ def read_large_results(env: Mapping[str, str]) -> tuple[str | None, str]:
             f"IDEMPOTENCY_LARGE_RESULTS_PREFIX={prefix!r} is not accepted; expected up to 512 of A-Z a-z 0-9 and "
             "!_.*'()/-"
         )
-    return bucket, "idempotency-results/" if prefix is None else prefix
+    return bucket, default_results_prefix(key_prefix) if prefix is None else prefix, _read_buckets(readable, bucket)
+
+
+def _read_buckets(value: str | None, bucket: str) -> tuple[str, ...]:
+    """IDEMPOTENCY_LARGE_RESULTS_READ_BUCKETS: a comma list of bucket names (after a move, the old bucket)."""
+    if value is None:
+        return ()
+    names = [name.strip() for name in value.split(",")]
+    for name in names:
+        if not reachable_bucket(name):
+            raise IdempotencyConfigurationError(
+                f"IDEMPOTENCY_LARGE_RESULTS_READ_BUCKETS={value!r} is not accepted: {name!r} is not an S3 bucket name "
+                "this layer can reach (a comma-separated list of names of 3 to 63 of a-z 0-9 -, no dots)"
+            )
+    return tuple(name for name in dict.fromkeys(names) if name != bucket)
 
 
 def _attribute(env: Mapping[str, str], name: str, default: str | None) -> str | None:
@@ -275,10 +312,13 @@ def read_partition_value(env: Mapping[str, str], attributes: Attributes, prefix:
     if attributes.sort_key is not None:
         partition_value = text(env, "IDEMPOTENCY_PARTITION_VALUE", f"idempotency#{prefix}")
         assert partition_value is not None
-        if len(partition_value.encode()) > _PARTITION_KEY_BYTES:
+        if not disabled and not _PARTITION_VALUE.fullmatch(partition_value):
+            shown = ascii(partition_value) if len(partition_value) <= 160 else (
+                f"{partition_value[:128]!a}... ({len(partition_value)} characters)")
             raise IdempotencyConfigurationError(
-                f"IDEMPOTENCY_PARTITION_VALUE is {len(partition_value.encode())} bytes; a partition key value "
-                f"is at most {_PARTITION_KEY_BYTES} bytes"
+                f"IDEMPOTENCY_PARTITION_VALUE={shown} is not accepted: a partition value is 1 to 128 of A-Z a-z 0-9 "
+                "_ - # (like the default idempotency#<prefix>), with no wildcard *?[ nor braces, so that an IAM "
+                "dynamodb:LeadingKeys condition can name it exactly"
             )
         key_limit = _SORT_KEY_BYTES
     elif text(env, "IDEMPOTENCY_PARTITION_VALUE") is not None:

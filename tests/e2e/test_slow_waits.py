@@ -78,6 +78,6 @@ def test_a_wait_on_a_slow_table_answers_in_progress_before_the_timeout(
     else:
         duplicate = answer(copy)
         assert duplicate["statusCode"] == 409 and headers_of(duplicate)["retry-after"] == "1"
-        assert "after waiting" in json.loads(duplicate["body"])["detail"]
+        assert "still in progress" in json.loads(duplicate["body"])["detail"]  # the log says it waited
     assert answers["first"].error_type is None, answers["first"].body
     assert executions.count(mark) == 1

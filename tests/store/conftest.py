@@ -82,7 +82,7 @@ def store(request, backend, transport):  # (a transport in every case: the param
         return
     table_name, proxy = request.getfixturevalue("table_name"), request.getfixturevalue("proxy")
     proxy.reset()
-    yield DynamoDBStore(transport, table_name, Attributes())
+    yield DynamoDBStore(transport, table_name, Attributes(), key_prefix="fn")
 
 
 @pytest.fixture

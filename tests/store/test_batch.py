@@ -384,7 +384,7 @@ class Gate:
 def test_claims_are_concurrent_and_bounded(transport, table_name):
     gate = Gate(transport, MAX_IN_FLIGHT)
     consumer = Consumer()
-    run = runner(DynamoDBStore(gate, table_name, store_attributes()), consumer)
+    run = runner(DynamoDBStore(gate, table_name, store_attributes(), key_prefix="fn"), consumer)
     deliver(run, events.sqs_event(messages(25, "wide")))
     assert gate.most == MAX_IN_FLIGHT  # ten at once, never more
     assert len(consumer.runs) == 25
@@ -411,7 +411,8 @@ class FailKey:
 def test_a_store_failure_while_claiming_fails_the_whole_batch_and_releases_the_claims(transport, table_name):
     batch_ = messages(4, "throttled")
     keys = KeyDeriver("fn", None)
-    store = DynamoDBStore(FailKey(transport, keys.key_of(batch_[2].message_id)), table_name, store_attributes())
+    store = DynamoDBStore(FailKey(transport, keys.key_of(batch_[2].message_id)), table_name, store_attributes(),
+                          key_prefix="fn")
     consumer = Consumer()
     with pytest.raises(IdempotencyPersistenceLayerError, match="ProvisionedThroughputExceededException"):
         deliver(runner(store, consumer), events.sqs_event(batch_))
@@ -470,7 +471,7 @@ def test_overlapping_batches_from_several_environments_run_each_message_once(tra
     deadline = time.monotonic() + 60
 
     def environment(offset: int) -> None:
-        run = runner(DynamoDBStore(transport, table_name, store_attributes()), consumer)
+        run = runner(DynamoDBStore(transport, table_name, store_attributes(), key_prefix="fn"), consumer)
         step = 0
         while time.monotonic() < deadline:
             with lock:

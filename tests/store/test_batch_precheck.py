@@ -131,7 +131,8 @@ def test_more_than_100_distinct_keys_take_one_read_per_100(store, proxy):
 
 
 def test_a_sort_key_table_is_prechecked_too(transport, sort_key_table, proxy):
-    store = DynamoDBStore(transport, sort_key_table, Attributes(key="pk", sort_key="sk"), "idempotency#fn")
+    store = DynamoDBStore(transport, sort_key_table, Attributes(key="pk", sort_key="sk"), "idempotency#fn",
+                          key_prefix="fn")
     consumer = Consumer()
     run = runner(store, consumer)
     batch_ = messages(5, "sk")
@@ -194,7 +195,7 @@ def _key_not_a_string(answer, params, reads):
 def test_an_item_that_is_not_a_completed_record_asked_for_goes_to_the_claim_never_to_done(
         transport, table_name, proxy, rewrite, claims):
     rewriting = Rewriting(transport, rewrite)
-    store = DynamoDBStore(rewriting, table_name, Attributes())
+    store = DynamoDBStore(rewriting, table_name, Attributes(), key_prefix="fn")
     consumer = Consumer()
     run = runner(store, consumer)
     batch_ = messages(4, "foreign")
@@ -231,7 +232,7 @@ def _unprocessed_once(answer, params, reads):
 
 
 def test_unprocessed_keys_are_read_again(transport, table_name, proxy):
-    store = DynamoDBStore(Rewriting(transport, _unprocessed_once), table_name, Attributes())
+    store = DynamoDBStore(Rewriting(transport, _unprocessed_once), table_name, Attributes(), key_prefix="fn")
     consumer = Consumer()
     run = runner(store, consumer)
     batch_ = messages(6, "left")
@@ -244,7 +245,7 @@ def test_unprocessed_keys_are_read_again(transport, table_name, proxy):
 
 @pytest.mark.parametrize("rewrite", [_malformed, _unprocessed_not_asked])
 def test_a_malformed_answer_falls_back_to_the_claims_with_a_warning(transport, table_name, proxy, caplog, rewrite):
-    store = DynamoDBStore(Rewriting(transport, rewrite), table_name, Attributes())
+    store = DynamoDBStore(Rewriting(transport, rewrite), table_name, Attributes(), key_prefix="fn")
     consumer = Consumer()
     run = runner(store, consumer)
     batch_ = messages(3, "bad")
@@ -265,7 +266,7 @@ def test_a_role_without_batchgetitem_keeps_working_and_warns_once(layer_env, tab
     with Denying(layer_env.endpoint, "BatchGetItem") as denying:
         monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", denying.endpoint)
         store = DynamoDBStore(build_transport(kind, connect_timeout=2, read_timeout=5, max_attempts=2),
-                              table_name, Attributes())
+                              table_name, Attributes(), key_prefix="fn")
         consumer = Consumer()
         run = runner(store, consumer)
         batch_ = messages(4, "denied")
@@ -293,7 +294,7 @@ def test_a_throttled_precheck_falls_back_to_the_claims(layer_env, table_name, mo
     with Denying(layer_env.endpoint, "BatchGetItem", error=(400, "ThrottlingException")) as throttling:
         monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", throttling.endpoint)
         store = DynamoDBStore(build_transport("lean", connect_timeout=2, read_timeout=5, max_attempts=1),
-                              table_name, Attributes())
+                              table_name, Attributes(), key_prefix="fn")
         consumer = Consumer()
         run = runner(store, consumer)
         batch_ = messages(3, "throttled")

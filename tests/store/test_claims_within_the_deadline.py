@@ -40,7 +40,7 @@ def stalling(dynamodb: Any) -> Any:
 def _cycle(kind: str, proxy: FaultProxy, table: str, monkeypatch: pytest.MonkeyPatch) -> Cycle:
     monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", proxy.endpoint)
     transport = build_transport(kind, connect_timeout=2, read_timeout=READ_TIMEOUT, max_attempts=1)
-    return Cycle(DynamoDBStore(transport, table, Attributes()), ttl_seconds=3600)
+    return Cycle(DynamoDBStore(transport, table, Attributes(), key_prefix="fn"), ttl_seconds=3600)
 
 
 def _puts(proxy: FaultProxy) -> int:

@@ -62,7 +62,7 @@ def env(layer_env, table):
 @pytest.fixture
 def store(layer_env, table):
     return DynamoDBStore(build_transport("lean", connect_timeout=2, read_timeout=5, max_attempts=2), table,
-                         Attributes())
+                         Attributes(), key_prefix="fn")
 
 
 def claim(store: DynamoDBStore, key: str, *, claim_s: float = 300, ttl_s: float = 3600, owner: str = "o-1") -> None:
@@ -109,7 +109,7 @@ def test_show_an_expired_record_and_an_expired_claim(env, layer_env, table):
     # DynamoDB Local's TTL sweep (on `expires_at`) may delete an expired record before `show` reads it; a record
     # whose expiry lives in another attribute stays until the test is done.
     store = DynamoDBStore(build_transport("lean", connect_timeout=2, read_timeout=5, max_attempts=2), table,
-                          Attributes(expires_at="kept_until"))
+                          Attributes(expires_at="kept_until"), key_prefix="fn")
     env = {**env, "IDEMPOTENCY_EXPIRES_AT_ATTR": "kept_until"}
     claim(store, "orders#old", claim_s=-60, ttl_s=-30)
     claim(store, "orders#stale", claim_s=-60)
@@ -418,7 +418,7 @@ def test_access_denied_on_show_is_one_line(layer_env, table):
 def test_show_purge_and_doctor_on_a_sort_key_table(layer_env, sort_key_table, ddb_client):
     attributes = Attributes(key="pk", sort_key="sk")
     store = DynamoDBStore(build_transport("lean", connect_timeout=2, read_timeout=5, max_attempts=2),
-                          sort_key_table, attributes, "idempotency#orders")
+                          sort_key_table, attributes, "idempotency#orders", key_prefix="fn")
     claim(store, "orders#sk-1", claim_s=-60)
     env = {**cli_env(layer_env.endpoint, sort_key_table), "IDEMPOTENCY_KEY_ATTR": "pk",
            "IDEMPOTENCY_SORT_KEY_ATTR": "sk"}

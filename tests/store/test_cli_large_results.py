@@ -32,7 +32,7 @@ def bucket(s3_bucket: Any, moto: Any) -> Any:
 
 def _store(table: str) -> DynamoDBStore:
     return DynamoDBStore(build_transport("lean", connect_timeout=2, read_timeout=5, max_attempts=2), table,
-                         Attributes())
+                         Attributes(), key_prefix="fn")
 
 
 def _bucket(name: str, endpoint: str) -> Bucket:
@@ -120,7 +120,7 @@ def test_show_result_reads_the_object_the_pointer_names_compressed_or_not(layer_
     assert store.get("orders#z").result.format == "s3:json+z" and store.get("orders#raw").result.format == "s3:bytes"
     client.create_bucket(Bucket=name + "-new")  # the setting moved since: the pointer's bucket is read
     env = cli_env(layer_env.endpoint, table, IDEMPOTENCY_LARGE_RESULTS_BUCKET=name + "-new",
-                  AWS_ENDPOINT_URL_S3=endpoint)
+                  IDEMPOTENCY_LARGE_RESULTS_READ_BUCKETS=name, AWS_ENDPOINT_URL_S3=endpoint)
     shown = run(env, "show", "orders#z", "--result", "--json")
     assert shown.returncode == 0, shown.stderr
     record = json.loads(shown.stdout)["records"][0]
@@ -179,7 +179,7 @@ def test_purge_deletes_the_object_in_the_bucket_its_pointer_names(layer_env: Any
     object_key = _object(store, "orders#old")
     client.create_bucket(Bucket=name + "-new")
     env = cli_env(layer_env.endpoint, table, IDEMPOTENCY_LARGE_RESULTS_BUCKET=name + "-new",
-                  AWS_ENDPOINT_URL_S3=endpoint)
+                  IDEMPOTENCY_LARGE_RESULTS_READ_BUCKETS=name, AWS_ENDPOINT_URL_S3=endpoint)
     done = run(env, "purge", "orders#old", "--yes")
     assert done.returncode == 0, done.stderr
     assert client.list_objects_v2(Bucket=name).get("KeyCount") == 0 and store.get("orders#old") is None
@@ -248,3 +248,46 @@ def test_purge_whose_object_s3_will_not_delete_deletes_the_record_and_says_so(la
         line = one_line(done)
         assert f"s3://{name}/{object_key}" in line and ("AccessDenied" in line if s3 is None else True), line
     assert client.list_objects_v2(Bucket=name)["KeyCount"] == 2  # left, and said so
+
+
+def test_purge_and_show_follow_only_the_layers_own_objects_and_s3_sees_no_request(layer_env: Any, table: str,
+                                                                                   bucket: Any) -> None:
+    """Review R-M3.3 / T-M3.3: a pointer to another bucket, outside `<prefix><record key>/`, of another owner form,
+    with `..` segments or of 5 GiB: purge refuses it ("pointer outside the layer's prefix") and show --result does
+    not follow it; requests are counted by a proxy in front of moto's S3: none at all."""
+    from tests.support.counting_proxy import CountingProxy
+
+    name, endpoint, client = bucket
+    host, port = endpoint.rsplit("//", 1)[1].rsplit(":", 1)
+    proxy = CountingProxy(host, int(port))
+    store = _store(table)
+    owner = "0123456789abcdef" * 2
+    sha = "0" * 64
+    prefix = "idempotency-results/orders/"
+    cases = {
+        "orders#b1": {"bucket": "tenant-b-private", "key": f"{prefix}orders#b1/{owner}", "size": 1},
+        "orders#b2": {"bucket": name, "key": "payroll/2026-12.json", "size": 1},
+        "orders#b3": {"bucket": name, "key": f"{prefix}orders#b3/o-1", "size": 1},
+        "orders#b4": {"bucket": name, "key": f"{prefix}orders#b4/../../payroll/{owner}", "size": 1},
+        "orders#b5": {"bucket": name, "key": f"{prefix}orders#b5/{owner}", "size": 5 * 1024 ** 3},
+    }
+    try:
+        env = cli_env(layer_env.endpoint, table, IDEMPOTENCY_LARGE_RESULTS_BUCKET=name,
+                      AWS_ENDPOINT_URL_S3=proxy.endpoint)
+        for key, pointer in cases.items():
+            client.put_object(Bucket=name, Key=pointer["key"], Body=b"x")
+            _pointing(store, key, json.dumps({**pointer, "sha256": sha}), owner)
+            proxy.reset()
+            done = run(env, "purge", key, "--yes")
+            assert done.returncode == 1 and done.stdout == "" and store.get(key) is not None, (key, done.stdout)
+            line = one_line(done)
+            assert "pointer outside the layer's prefix" in line and "nothing was deleted" in line, (key, line)
+            shown = run(env, "show", key, "--result", "--json")
+            assert shown.returncode == 0, shown.stderr
+            assert json.loads(shown.stdout)["records"][0]["result"]["error"] == "Confined", key
+            forced = run(env, "purge", key, "--yes", "--force")
+            assert forced.returncode == 0 and "left in place (pointer outside the layer's prefix" in forced.stdout
+            assert store.get(key) is None and proxy.total() == 0 and proxy.bytes_sent == 0, key
+        assert client.list_objects_v2(Bucket=name)["KeyCount"] == 5  # every object left in place
+    finally:
+        proxy.close()

@@ -268,7 +268,7 @@ def test_wrong_key_attribute_and_missing_table_fail_init(load):
 
 def test_init_check_is_one_get_item(store, proxy, sort_key_table, transport):
     proxy.reset()
-    DynamoDBStore(transport, sort_key_table, Attributes(key="pk", sort_key="sk"), "P").verify()
+    DynamoDBStore(transport, sort_key_table, Attributes(key="pk", sort_key="sk"), "P", key_prefix="fn").verify()
     assert proxy.snapshot()[0] == {"GetItem": 1}
 
 
@@ -286,7 +286,7 @@ def test_init_errors_say_what_dynamodb_said_and_blame_the_key_schema_only_when_i
                                     ("schema, sort key", sort_key_table, Attributes()),
                                     ("schema, a number", numeric, Attributes())]:
         with pytest.raises(IdempotencyConfigurationError) as raised:
-            DynamoDBStore(transport, table, attributes, "P" if attributes.sort_key else None).verify()
+            DynamoDBStore(transport, table, attributes, "P" if attributes.sort_key else None, key_prefix="fn").verify()
         seen[name] = str(raised.value)
     for name, message in seen.items():
         assert "(DynamoDB: " in message and message.endswith(")") and "\n" not in message, (name, message)
@@ -315,7 +315,7 @@ class Flaky:
 
 
 def test_a_table_unreachable_at_init_is_checked_before_the_first_claim(transport, table_name):
-    store = DynamoDBStore(Flaky(transport, 2), table_name, Attributes(sort_key="sk"), "P")
+    store = DynamoDBStore(Flaky(transport, 2), table_name, Attributes(sort_key="sk"), "P", key_prefix="fn")
     store.verify()  # unreachable: no verdict yet
     with pytest.raises(IdempotencyPersistenceLayerError, match="could not be reached"):
         store.claim("k", "me", 0, 1, 2)
@@ -395,7 +395,7 @@ def test_a_completion_refused_for_good_stops_this_environment_running_handlers(t
     """The handler ran and its completion cannot be written (here the table is gone): the caller gets its result,
     and no later invocation in this environment runs a handler it could not record."""
     name = create_table(ddb_client, f"gone-{uuid.uuid4().hex[:8]}")
-    cycle = Cycle(DynamoDBStore(transport, name, Attributes()), ttl_seconds=3600)
+    cycle = Cycle(DynamoDBStore(transport, name, Attributes(), key_prefix="fn"), ttl_seconds=3600)
     runs: list[str] = []
 
     def place_order() -> Any:
@@ -425,7 +425,7 @@ def test_a_transient_completion_failure_does_not_stop_the_environment(store, tra
                 raise DynamoDBError(operation, "ProvisionedThroughputExceededException", "throttled", None)
             return transport.call(operation, params, deadline)
 
-    cycle = Cycle(DynamoDBStore(FailOnce(), table_name, Attributes()), ttl_seconds=3600)
+    cycle = Cycle(DynamoDBStore(FailOnce(), table_name, Attributes(), key_prefix="fn"), ttl_seconds=3600)
     runs: list[int] = []
     assert cycle.run(Invocation(30_000), "k#a", lambda: runs.append(1) or 1).value == 1
     assert cycle.run(Invocation(30_000), "k#b", lambda: runs.append(2) or 2).value == 2

@@ -37,7 +37,7 @@ def damaging(dynamodb: Any) -> Any:
 def _cycle(kind: str, proxy: FaultProxy, table: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Cycle, DynamoDBStore]:
     monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", proxy.endpoint)
     store = DynamoDBStore(build_transport(kind, connect_timeout=2, read_timeout=2, max_attempts=1), table,
-                          Attributes())
+                          Attributes(), key_prefix="fn")
     return Cycle(store, ttl_seconds=3600), store
 
 

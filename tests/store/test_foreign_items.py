@@ -68,7 +68,7 @@ def _result_of_a_number(item: dict[str, Any]) -> dict[str, Any]:
 def test_an_answer_that_is_not_the_record_asked_for_is_refused(rewrite: Any, transport: Any,
                                                                table_name: str) -> None:
     rewriting = Rewriting(transport, rewrite)
-    store = DynamoDBStore(rewriting, table_name, Attributes())
+    store = DynamoDBStore(rewriting, table_name, Attributes(), key_prefix="fn")
     cycle = Cycle(store, ttl_seconds=3600)
     runs: list[int] = []
     assert cycle.run(Invocation(LONG), "fn#order-1", lambda: runs.append(1) or {"placed": 1}) == ({"placed": 1}, False)
@@ -90,7 +90,8 @@ def test_a_sort_key_table_checks_both_parts_of_the_key(transport: Any, sort_key_
         return item
 
     rewriting = Rewriting(transport, other_partition)
-    store = DynamoDBStore(rewriting, sort_key_table, Attributes(key="pk", sort_key="sk"), "idempotency#fn")
+    store = DynamoDBStore(rewriting, sort_key_table, Attributes(key="pk", sort_key="sk"), "idempotency#fn",
+                          key_prefix="fn")
     cycle = Cycle(store, ttl_seconds=3600)
     assert cycle.run(Invocation(LONG), "fn#order-2", lambda: "placed") == ("placed", False)
     rewriting.on = True

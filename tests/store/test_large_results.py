@@ -188,11 +188,51 @@ def test_an_s3_that_answers_a_few_bytes_at_a_time_is_given_up_by_the_deadline(st
 
 
 def test_a_replay_reads_the_bucket_its_pointer_names(store: Any, bucket: Any, moto: Any) -> None:
+    """After the setting moved, with the old bucket on the read allow-list (IDEMPOTENCY_LARGE_RESULTS_READ_BUCKETS);
+    tests/store/test_large_result_pointers.py: without it, nothing is read."""
     ours, client = bucket
     handler = Handler(os.urandom(600 * 1024))
     Cycle(store, ttl_seconds=3600, bucket=ours).run(Invocation(LONG), "fn#moved", handler)
     client.create_bucket(Bucket=ours.name + "-new")
     moved = Bucket(ours.name + "-new", "idempotency-results/", region="us-east-1", credentials=CREDENTIALS,
-                   connect_timeout=2, read_timeout=10, endpoint=moto.endpoint)
+                   connect_timeout=2, read_timeout=10, endpoint=moto.endpoint, read_buckets=(ours.name,))
     again = Cycle(store, ttl_seconds=3600, bucket=moved).run(Invocation(LONG), "fn#moved", handler)
     assert again.replayed and again.value == handler.result and handler.calls == 1
+
+
+def _opened(moto: Any, monkeypatch: pytest.MonkeyPatch, name: str, **settings: str) -> Any:
+    """The bucket the layer opens from its settings (the function `fn`, moto's S3)."""
+    from idempotency_layer import config
+    from idempotency_layer.stores import open_bucket
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto.endpoint)
+    return open_bucket(config.load({"IDEMPOTENCY_ORIGINAL_HANDLER": "app.handler", "AWS_LAMBDA_FUNCTION_NAME": "fn",
+                                    "IDEMPOTENCY_TABLE": "t-1", "IDEMPOTENCY_LARGE_RESULTS_BUCKET": name,
+                                    **settings}))
+
+
+def test_a_record_completed_before_the_per_function_prefix_replays_after_the_upgrade(
+        store: Any, bucket: Any, moto: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before the upgrade the default prefix was idempotency-results/ for every function: a record completed then
+    points to idempotency-results/<record key>/<owner>, which the upgraded layer (default prefix
+    idempotency-results/fn/) still replays, so nothing runs twice; new objects go under the function's prefix."""
+    old, client = bucket  # the layer before the upgrade
+    handler = Handler(os.urandom(600 * 1024))
+    Cycle(store, ttl_seconds=3600, bucket=old).run(Invocation(LONG), "fn#before", handler)
+    legacy = json.loads(store.get("fn#before").result.data)["key"]
+    assert legacy == f"idempotency-results/fn#before/{store.get('fn#before').owner}"
+    upgraded = _opened(moto, monkeypatch, old.name)
+    assert upgraded.prefix == "idempotency-results/fn/"
+    cycle = Cycle(store, ttl_seconds=3600, bucket=upgraded)
+    again = cycle.run(Invocation(LONG), "fn#before", handler)
+    assert again.replayed and again.value == handler.result and handler.calls == 1
+    after = Handler(os.urandom(600 * 1024))
+    cycle.run(Invocation(LONG), "fn#after", after)
+    assert cycle.run(Invocation(LONG), "fn#after", after).value == after.result and after.calls == 1
+    owner = store.get("fn#after").owner
+    assert json.loads(store.get("fn#after").result.data)["key"] == f"idempotency-results/fn/fn#after/{owner}"
+    client.head_object(Bucket=old.name, Key=f"idempotency-results/fn/fn#after/{owner}")
+    explicit = _opened(moto, monkeypatch, old.name, IDEMPOTENCY_LARGE_RESULTS_PREFIX="results/fn/")
+    with pytest.raises(IdempotencyPersistenceLayerError, match="its object key is not") as raised:
+        Cycle(store, ttl_seconds=3600, bucket=explicit).run(Invocation(LONG), "fn#before", handler)
+    assert raised.value.permanent and handler.calls == 1  # an explicit prefix reads only its own objects

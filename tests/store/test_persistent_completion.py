@@ -61,7 +61,7 @@ class FailCompletions:
 
 
 def cycle_on(transport: Any, table_name: str, **options: Any) -> tuple[Cycle, DynamoDBStore]:
-    store = DynamoDBStore(transport, table_name, Attributes())
+    store = DynamoDBStore(transport, table_name, Attributes(), key_prefix="fn")
     return Cycle(store, ttl_seconds=3600, sleep=lambda s: None, **options), store
 
 

@@ -20,7 +20,7 @@ from tests.store.test_valkey_store import make
 from tests.support.memory_dynamodb import CHECK_FAILED
 from tests.support.valkey_server import KINDS, Server
 
-_PARSER = DynamoDBStore(None, "model", Attributes())  # type: ignore[arg-type]  # only its item parser is used
+_PARSER = DynamoDBStore(None, "model", Attributes(), key_prefix="fn")  # type: ignore[arg-type]  # only its item parser is used
 
 
 def _record(key: str, item: Any, *, result: bool = True) -> Any:

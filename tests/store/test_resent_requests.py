@@ -36,7 +36,7 @@ def _store(kind: str, proxy: FaultProxy, table: str, monkeypatch: pytest.MonkeyP
            max_attempts: int) -> DynamoDBStore:
     monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", proxy.endpoint)
     transport = build_transport(kind, connect_timeout=2, read_timeout=2, max_attempts=max_attempts)
-    store = DynamoDBStore(transport, table, Attributes())
+    store = DynamoDBStore(transport, table, Attributes(), key_prefix="fn")
     assert store.get("warm-up") is None  # a kept-alive connection, for the lean client's re-send
     return store
 

@@ -44,7 +44,7 @@ def stalling(dynamodb: Any) -> Any:
 def _store(kind: str, proxy: FaultProxy, table: str, monkeypatch: pytest.MonkeyPatch) -> DynamoDBStore:
     monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", proxy.endpoint)
     transport = build_transport(kind, connect_timeout=2, read_timeout=READ_TIMEOUT, max_attempts=3)
-    return DynamoDBStore(transport, table, Attributes())
+    return DynamoDBStore(transport, table, Attributes(), key_prefix="fn")
 
 
 def _claim(store: DynamoDBStore, key: str, owner: str) -> Any:

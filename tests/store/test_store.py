@@ -57,7 +57,7 @@ def test_expired_in_progress_claim_can_be_taken(store, ddb_client, table_name):
 
 def test_expired_completed_record_can_be_claimed_although_ttl_has_not_deleted_it(transport, ddb_client, table_name):
     # The expiry in an attribute DynamoDB Local's TTL sweep does not watch: the record is surely still there.
-    store = DynamoDBStore(transport, table_name, Attributes(expires_at="kept_until"))
+    store = DynamoDBStore(transport, table_name, Attributes(expires_at="kept_until"), key_prefix="fn")
     now = time.time()
     assert claim(store, owner="old", now=now) is None
     assert store.complete(KEY, "old", codec.encode({"v": 1}), expires_at=int(now) - 10)
@@ -117,7 +117,7 @@ def test_get(store):
 
 
 def test_missing_table_names_operation_table_and_code(transport):
-    store = DynamoDBStore(transport, "no-such-table", Attributes())
+    store = DynamoDBStore(transport, "no-such-table", Attributes(), key_prefix="fn")
     with pytest.raises(IdempotencyPersistenceLayerError) as caught:
         claim(store)
     message = str(caught.value)
@@ -126,7 +126,7 @@ def test_missing_table_names_operation_table_and_code(transport):
 
 def test_sort_key_layout(transport, sort_key_table, ddb_client):
     attributes = Attributes(key="pk", sort_key="sk")
-    store = DynamoDBStore(transport, sort_key_table, attributes, partition_value="idempotency#fn")
+    store = DynamoDBStore(transport, sort_key_table, attributes, partition_value="idempotency#fn", key_prefix="fn")
     assert claim(store, owner="a") is None
     assert claim(store, owner="b").owner == "a"
     item = ddb_client.get_item(
@@ -143,7 +143,7 @@ def test_custom_attribute_names(transport, ddb_client, request):
     name = create_table(ddb_client, f"attrs-{abs(hash(request.node.nodeid))}", key_attr="pk", ttl_attr="ttl")
     attributes = Attributes(key="pk", status="st", expires_at="ttl", in_progress_until="until", owner="who",
                             result="res", result_format="fmt")
-    store = DynamoDBStore(transport, name, attributes)
+    store = DynamoDBStore(transport, name, attributes, key_prefix="fn")
     assert store.claim(KEY, "me", time.time(), int(time.time() * 1000) + 5000, int(time.time()) + 60) is None
     assert store.complete(KEY, "me", codec.encode({"v": 1}), int(time.time()) + 60)
     item = ddb_client.get_item(TableName=name, Key={"pk": {"S": KEY}}, ConsistentRead=True)["Item"]

@@ -401,7 +401,8 @@ def test_concurrent_copies_run_once(server: Server) -> None:
 
 # -- an ACL user ------------------------------------------------------------------------------------------------
 
-ACL = "~orders#* +evalsha +eval +info +cluster|slots +asking +exists +hmget +hgetall +hget +hset +hdel +del +expire"
+ACL = ("resetkeys ~orders#* resetchannels -@all +evalsha +eval +info +cluster|slots +asking +exists +hmget +hgetall "
+       "+hget +hset +hdel +del +expire")
 
 
 def test_the_documented_acl_is_all_the_layer_needs_and_less_is_refused_as_denied(server: Server) -> None:

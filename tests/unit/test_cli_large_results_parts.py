@@ -21,6 +21,7 @@ from idempotency_layer.stores.protocol import COMPLETED, Record
 from idempotency_layer.stores.s3 import Bucket, Pointer, S3Error, fetch, pointer, stored
 
 SHA = "ab" * 32
+O1, O2 = "0123456789abcdef" * 2, "fedcba9876543210" * 2  # owner tokens, as a claim makes them
 
 
 class Objects:
@@ -34,7 +35,7 @@ class Objects:
         stand_in = self
 
         def request(bucket: Bucket, method: str, object_key: str, body: bytes, deadline: Any,
-                    *rest: Any) -> tuple[int, bytes]:
+                    *rest: Any, **named: Any) -> tuple[int, bytes]:
             stand_in.requests.append((method, bucket.name, object_key))
             if stand_in.denied:
                 raise S3Error(f"S3 {method} s3://{bucket.name}/{object_key} failed: HTTP 403 AccessDenied",
@@ -52,9 +53,10 @@ class Objects:
         return Pointer(object_key, len(data), hashlib.sha256(data).hexdigest(), bucket)
 
 
-def _bucket(name: str, prefix: str = "idempotency-results/") -> Bucket:
+def _bucket(name: str, prefix: str = "idempotency-results/", read: tuple[str, ...] = ("results-old",)) -> Bucket:
+    """The setting's bucket `name`; `read`: the read allow-list (the bucket the setting moved from)."""
     return Bucket(name, prefix, region="us-east-1", credentials=("a", "b", None), connect_timeout=1,
-                  read_timeout=1, endpoint="http://127.0.0.1:1")
+                  read_timeout=1, endpoint="http://127.0.0.1:1", read_buckets=read)
 
 
 @pytest.fixture
@@ -65,11 +67,11 @@ def s3(monkeypatch: pytest.MonkeyPatch) -> Objects:
 # -- the pointer ---------------------------------------------------------------------------------------------
 
 def test_a_pointer_reads_back_what_it_writes_and_nothing_else() -> None:
-    written = Pointer("idempotency-results/fn#k/o-1", 12, SHA, "results-1")
+    written = Pointer(f"idempotency-results/fn#k/{O1}", 12, SHA, "results-1")
     assert Pointer.read(written.text()) == written
     assert Pointer.read(written.text().encode()) == written
     assert pointer(stored(written, codec.JSON + codec.COMPRESSED)) == (written, "json+z")
-    assert json.loads(written.text()) == {"bucket": "results-1", "key": "idempotency-results/fn#k/o-1", "size": 12,
+    assert json.loads(written.text()) == {"bucket": "results-1", "key": f"idempotency-results/fn#k/{O1}", "size": 12,
                                           "sha256": SHA}
     no_bucket = {"key": "k", "size": 1, "sha256": SHA}
     assert Pointer.read(json.dumps(no_bucket)).bucket is None  # the setting's bucket, as replays have read it
@@ -92,57 +94,63 @@ def test_a_pointer_reads_back_what_it_writes_and_nothing_else() -> None:
 def test_a_bucket_owns_only_the_object_it_writes_for_the_record() -> None:
     ours = Bucket("results-1", "idempotency-results/", region="us-east-1", credentials=("a", "b", None),
                   connect_timeout=1, read_timeout=1)
-    assert ours.owns(Pointer("idempotency-results/fn#k/o-1", 1, SHA, "results-old"), "fn#k", "o-1")
-    for key in ("idempotency-results/fn#other/o-1", "idempotency-results/fn#k/o-2", "other/fn#k/o-1",
-                "idempotency-results/fn#k/o-1/x", "idempotency-results/../fn#k/o-1", "fn#k/o-1"):
-        assert not ours.owns(Pointer(key, 1, SHA, "results-1"), "fn#k", "o-1"), key
+    assert ours.owns(Pointer(f"idempotency-results/fn#k/{O1}", 1, SHA, "results-old"), "fn#k", f"{O1}")
+    for key in (f"idempotency-results/fn#other/{O1}", f"idempotency-results/fn#k/{O2}", f"other/fn#k/{O1}",
+                f"idempotency-results/fn#k/{O1}/x", f"idempotency-results/../fn#k/{O1}", f"fn#k/{O1}"):
+        assert not ours.owns(Pointer(key, 1, SHA, "results-1"), "fn#k", f"{O1}"), key
     assert not ours.owns(Pointer("idempotency-results/fn#k/None", 1, SHA), "fn#k", None)
     bare = Bucket("results-1", "", region="us-east-1", credentials=("a", "b", None), connect_timeout=1,
                   read_timeout=1)  # an empty prefix still limits purge to <key>/<owner>
-    assert bare.owns(Pointer("fn#k/o-1", 1, SHA), "fn#k", "o-1")
-    assert not bare.owns(Pointer("secrets/fn#k/o-1", 1, SHA), "fn#k", "o-1")
+    assert bare.owns(Pointer(f"fn#k/{O1}", 1, SHA), "fn#k", f"{O1}")
+    assert not bare.owns(Pointer(f"secrets/fn#k/{O1}", 1, SHA), "fn#k", f"{O1}")
 
 
 def test_where_is_the_bucket_the_pointer_names_virtual_hosted_or_path_style() -> None:
     hosted = Bucket("results-new", "p/", region="eu-west-1", credentials=("a", "b", None), connect_timeout=1,
-                    read_timeout=1)
+                    read_timeout=1, read_buckets=("results-old",))
     old = hosted.where(Pointer("p/k/o", 1, SHA, "results-old"))
     assert (old.name, old.host, old.base) == ("results-old", "results-old.s3.eu-west-1.amazonaws.com", "")
     assert hosted.where(Pointer("p/k/o", 1, SHA)) is hosted
     local = Bucket("results-new", "p/", region="eu-west-1", credentials=("a", "b", None), connect_timeout=1,
-                   read_timeout=1, endpoint="http://127.0.0.1:4566")
+                   read_timeout=1, endpoint="http://127.0.0.1:4566", read_buckets=("results-old",))
     old = local.where(Pointer("p/k/o", 1, SHA, "results-old"))
     assert (old.name, old.host, old.base) == ("results-old", "127.0.0.1:4566", "/results-old")
+    for other in (hosted, local):  # a bucket neither the setting's nor on the read allow-list
+        with pytest.raises(S3Error, match="neither IDEMPOTENCY_LARGE_RESULTS_BUCKET nor on") as raised:
+            other.where(Pointer("p/k/o", 1, SHA, "tenant-b-private"))
+        assert raised.value.code == "Confined"
+    with pytest.raises(S3Error, match="no S3 bucket this layer can reach"):
+        local.named("evil.example.com")
 
 
 # -- fetch: the one way back from a pointer to the result, for replays and show --result -----------------------
 
 def test_fetch_reads_the_pointers_bucket_and_checks_size_and_digest(s3: Objects) -> None:
     text = json.dumps({"report": "x" * 50_000}).encode()
-    kept = s3.put("results-old", "idempotency-results/fn#k/o-1", zlib.compress(text))
+    kept = s3.put("results-old", f"idempotency-results/fn#k/{O1}", zlib.compress(text))
     result = stored(kept, codec.JSON + codec.COMPRESSED)
-    fetched = fetch(_bucket("results-new"), result)  # the setting moved since: the pointer's bucket is read
+    fetched = fetch(_bucket("results-new"), "fn#k", result)  # the setting moved since: the pointer's bucket is read
     assert fetched == codec.Encoded("json+z", zlib.compress(text)) and codec.decode(fetched) == json.loads(text)
-    assert s3.requests == [("GET", "results-old", "idempotency-results/fn#k/o-1")]
+    assert s3.requests == [("GET", "results-old", f"idempotency-results/fn#k/{O1}")]
     s3.objects[("results-old", kept.object_key)] = b"SECRET another object"
-    with pytest.raises(S3Error, match="s3://results-old/idempotency-results/fn#k/o-1 is not the one written") as e:
-        fetch(_bucket("results-new"), result)
+    with pytest.raises(S3Error, match=f"s3://results-old/idempotency-results/fn#k/{O1} is not the one written") as e:
+        fetch(_bucket("results-new"), "fn#k", result)
     assert e.value.code == "Different" and "SECRET" not in str(e.value)
     del s3.objects[("results-old", kept.object_key)]
     with pytest.raises(S3Error, match="is missing") as e:
-        fetch(_bucket("results-new"), result)
+        fetch(_bucket("results-new"), "fn#k", result)
     assert e.value.code == "Missing"
     with pytest.raises(S3Error, match="IDEMPOTENCY_LARGE_RESULTS_BUCKET is not set here") as e:
-        fetch(None, result)
+        fetch(None, "fn#k", result)
     assert e.value.code == "NoBucket" and len(s3.requests) == 3
     with pytest.raises(S3Error) as e:
-        fetch(_bucket("results-new"), codec.Encoded("s3:json", "SECRET"))
+        fetch(_bucket("results-new"), "fn#k", codec.Encoded("s3:json", "SECRET"))
     assert e.value.code == "Malformed" and "SECRET" not in str(e.value) and len(s3.requests) == 3
 
 
 def test_a_replay_reads_through_fetch_and_says_each_failure_as_before(s3: Objects) -> None:
     cycle = Cycle(store=None, ttl_seconds=60, bucket=_bucket("results-new"))
-    kept = s3.put("results-old", "idempotency-results/fn#k/o-1", b'{"a":1}')
+    kept = s3.put("results-old", f"idempotency-results/fn#k/{O1}", b'{"a":1}')
     assert cycle.keeper.decode("fn#k", stored(kept, codec.JSON)) == {"a": 1}
     with pytest.raises(IdempotencyPersistenceLayerError, match="in a form this layer cannot read"):
         cycle.keeper.decode("fn#k", codec.Encoded("s3:json", "not a pointer"))
@@ -155,31 +163,31 @@ def test_a_replay_reads_through_fetch_and_says_each_failure_as_before(s3: Object
     assert raised.value.permanent
 
 
-def _record(result: codec.Encoded | None, key: str = "fn#k", owner: str = "o-1") -> Record:
+def _record(result: codec.Encoded | None, key: str = "fn#k", owner: str = f"{O1}") -> Record:
     return Record(key, COMPLETED, int(time.time()) + 3600, None, owner, result)
 
 
 def test_show_result_is_the_result_the_pointer_stands_for_compressed_or_not(s3: Objects) -> None:
     value = {"card": "4111", "total": 12}
-    plain = s3.put("results-old", "idempotency-results/fn#k/o-1", json.dumps(value).encode())
-    packed = s3.put("results-old", "idempotency-results/fn#z/o-1", zlib.compress(json.dumps(value).encode()))
-    raw = s3.put("results-old", "idempotency-results/fn#b/o-1", b"\x00\xffraw")
-    for result in (stored(plain, codec.JSON), stored(packed, codec.JSON + codec.COMPRESSED),
-                   stored(plain, codec.TAGGED)):
-        shown = records.facts(_record(result), time.time(), True, _bucket("results-new"))
+    plain = s3.put("results-old", f"idempotency-results/fn#k/{O1}", json.dumps(value).encode())
+    packed = s3.put("results-old", f"idempotency-results/fn#z/{O1}", zlib.compress(json.dumps(value).encode()))
+    raw = s3.put("results-old", f"idempotency-results/fn#b/{O1}", b"\x00\xffraw")
+    for key, result in (("fn#k", stored(plain, codec.JSON)), ("fn#z", stored(packed, codec.JSON + codec.COMPRESSED)),
+                        ("fn#k", stored(plain, codec.TAGGED))):
+        shown = records.facts(_record(result, key), time.time(), True, _bucket("results-new"))
         assert shown["result"] == {"value": value}, result.format
         assert shown["result_object"]["bucket"] == "results-old"
-    shown = records.facts(_record(stored(raw, codec.BYTES)), time.time(), True, _bucket("results-new"))
+    shown = records.facts(_record(stored(raw, codec.BYTES), "fn#b"), time.time(), True, _bucket("results-new"))
     assert shown["result"] == {"value": b"\x00\xffraw"}
     lines = records.show_text(records.facts(_record(stored(packed, "json+z")), time.time(), False))
-    assert f"result object:     s3://results-old/idempotency-results/fn#z/o-1 ({packed.size} bytes, sha256 " \
+    assert f"result object:     s3://results-old/idempotency-results/fn#z/{O1} ({packed.size} bytes, sha256 " \
            f"{packed.sha256})" in lines and not any("4111" in line for line in lines)
     assert s3.requests == [("GET", "results-old", k) for k in (plain.object_key, packed.object_key,
                                                                 plain.object_key, raw.object_key)]
 
 
 def test_show_result_names_what_is_wrong_and_never_the_content(s3: Objects) -> None:
-    kept = s3.put("results-old", "idempotency-results/fn#k/o-1", b'{"card":"SECRET"}')
+    kept = s3.put("results-old", f"idempotency-results/fn#k/{O1}", b'{"card":"SECRET"}')
     result = stored(kept, codec.JSON)
     s3.objects[("results-old", kept.object_key)] = b'{"card":"SECRET-2"}'
     cases: list[tuple[Any, str, str]] = [(_bucket("results-new"), "Different", "is not the one written")]
@@ -214,7 +222,7 @@ class Store:
 
 
 def test_purge_deletes_the_object_where_the_pointer_points(s3: Objects) -> None:
-    kept = s3.put("results-old", "idempotency-results/fn#k/o-1", b"data")
+    kept = s3.put("results-old", f"idempotency-results/fn#k/{O1}", b"data")
     store = Store(_record(stored(kept, codec.JSON)))
     done = records.purge(store, "fn#k", yes=True, force=False, bucket=_bucket("results-new"))
     assert done["object"] == {"bucket": "results-old", "key": kept.object_key, "deleted": True}
@@ -224,9 +232,9 @@ def test_purge_deletes_the_object_where_the_pointer_points(s3: Objects) -> None:
 
 @pytest.mark.parametrize("data", [
     Pointer("other/private.csv", 1, SHA, "results-1").text(),
-    Pointer("idempotency-results/fn#victim/o-1", 1, SHA, "results-1").text(),  # another record's object
-    Pointer("idempotency-results/fn#k/o-2", 1, SHA, "results-1").text(),  # another run's
-    Pointer("idempotency-results/fn#k/o-1", 1, SHA, "results-1").text().replace("results-1", "../etc"),
+    Pointer(f"idempotency-results/fn#victim/{O1}", 1, SHA, "results-1").text(),  # another record's object
+    Pointer(f"idempotency-results/fn#k/{O2}", 1, SHA, "results-1").text(),  # another run's
+    Pointer(f"idempotency-results/fn#k/{O1}", 1, SHA, "results-1").text().replace("results-1", "../etc"),
     "not a pointer",
 ])
 def test_purge_refuses_a_pointer_to_anything_but_its_own_object(s3: Objects, data: str) -> None:
@@ -242,15 +250,15 @@ def test_purge_refuses_a_pointer_to_anything_but_its_own_object(s3: Objects, dat
 
 
 def test_purge_without_the_bucket_setting_refuses_and_says_where_the_object_is(s3: Objects) -> None:
-    store = Store(_record(stored(Pointer("idempotency-results/fn#k/o-1", 1, SHA, "results-1"), codec.JSON)))
-    with pytest.raises(records.Refused, match=r"s3://results-1/idempotency-results/fn#k/o-1, and "
+    store = Store(_record(stored(Pointer(f"idempotency-results/fn#k/{O1}", 1, SHA, "results-1"), codec.JSON)))
+    with pytest.raises(records.Refused, match=rf"s3://results-1/idempotency-results/fn#k/{O1}, and "
                                               "IDEMPOTENCY_LARGE_RESULTS_BUCKET is not set here"):
         records.purge(store, "fn#k", yes=True, force=False, bucket=None)
     assert store.record is not None and s3.requests == []
 
 
 def test_purge_whose_object_s3_refuses_deletes_the_record_and_says_which_object_stays(s3: Objects) -> None:
-    kept = s3.put("results-old", "idempotency-results/fn#k/o-1", b"data")
+    kept = s3.put("results-old", f"idempotency-results/fn#k/{O1}", b"data")
     store = Store(_record(stored(kept, codec.JSON)))
     s3.denied = True
     done = records.purge(store, "fn#k", yes=True, force=False, bucket=_bucket("results-new"))
@@ -260,7 +268,7 @@ def test_purge_whose_object_s3_refuses_deletes_the_record_and_says_which_object_
 
 
 def test_purge_asks_about_the_object_too(s3: Objects) -> None:
-    kept = s3.put("results-old", "idempotency-results/fn#k/o-1", b"data")
+    kept = s3.put("results-old", f"idempotency-results/fn#k/{O1}", b"data")
     store = Store(_record(stored(kept, codec.JSON)))
     asked: list[str] = []
     with pytest.raises(records.Refused, match="not deleted"):

@@ -149,6 +149,12 @@ def test_http_request_key_or_why_none():
     with_key = derive(config, http_events.v2("POST", "/orders", {"Idempotency-Key": "k-1"}, "{}"))
     assert with_key["source"] == "http" and with_key["method"] == "POST"
     assert len(keys_of(with_key)) == 1
+    entry = with_key["entries"][0]
+    assert entry["previous_key"].startswith("orders#") and entry["previous_key"] != entry["key"]  # read by a first run
+    assert f"previous key {entry['previous_key']}" in "\n".join(key_text(with_key))
+    off = derive(settings(IDEMPOTENCY_HTTP_PREVIOUS_KEYS="off"), http_events.v2("POST", "/o", {"Idempotency-Key": "k"},
+                                                                               "{}"))
+    assert "previous_key" not in off["entries"][0]
     without = derive(config, http_events.v2("POST", "/orders", {}, "{}"))
     assert keys_of(without) == [] and "has no Idempotency-Key header" in without["entries"][0]["reason"]
     bad = derive(config, http_events.rest("POST", "/orders", {"Idempotency-Key": "a,b"}, "{}"))

@@ -60,6 +60,8 @@ def test_false_booleans(text):
         ("IDEMPOTENCY_STREAM_FAILURES", "record", "checkpoint, records"),
         ("IDEMPOTENCY_STREAM_FAILURES", "first", "checkpoint, records"),
         ("IDEMPOTENCY_HTTP", "on", "auto, off"),
+        ("IDEMPOTENCY_HTTP_ANONYMOUS", "isolated", "separate, shared"),
+        ("IDEMPOTENCY_HTTP_PREVIOUS_KEYS", "on", "consult, off"),
         ("IDEMPOTENCY_KEY_HEADER", "Idempotency Key", "not an HTTP header name"),
         ("IDEMPOTENCY_CALLER_HEADERS", "Authorization, X User", "'X User' is not an HTTP header name"),
         ("IDEMPOTENCY_CALLER_HEADERS", "authorization,", "'' is not an HTTP header name"),
@@ -148,19 +150,17 @@ def test_sort_key_attribute_name_is_at_most_255_bytes():
         load({**BASE, "IDEMPOTENCY_SORT_KEY_ATTR": "s" * 256})
 
 
-def test_key_prefix_must_leave_room_for_the_digest():
-    assert load({**BASE, "IDEMPOTENCY_KEY_PREFIX": "p" * (2048 - 65)}).key_prefix
-    with pytest.raises(IdempotencyConfigurationError, match="IDEMPOTENCY_KEY_PREFIX is 1984 bytes"):
-        load({**BASE, "IDEMPOTENCY_KEY_PREFIX": "p" * (2048 - 64)})
-    # In a sort key the limit is 1024 bytes.
-    with pytest.raises(IdempotencyConfigurationError, match=r"IDEMPOTENCY_KEY_PREFIX.*sort key"):
-        load({**BASE, "IDEMPOTENCY_KEY_PREFIX": "p" * 1000, "IDEMPOTENCY_SORT_KEY_ATTR": "sk"})
+def test_key_prefix_is_at_most_64_characters_in_either_key_layout():
+    assert load({**BASE, "IDEMPOTENCY_KEY_PREFIX": "p" * 64}).key_prefix == "p" * 64
+    for layout in ({}, {"IDEMPOTENCY_SORT_KEY_ATTR": "sk"}):
+        with pytest.raises(IdempotencyConfigurationError, match=r"IDEMPOTENCY_KEY_PREFIX=.* 1 to 64 of"):
+            load({**BASE, **layout, "IDEMPOTENCY_KEY_PREFIX": "p" * 65})
 
 
 def test_partition_value_needs_a_sort_key_and_fits_a_key():
     with pytest.raises(IdempotencyConfigurationError, match="IDEMPOTENCY_PARTITION_VALUE is set but"):
         load({**BASE, "IDEMPOTENCY_PARTITION_VALUE": "IDEM"})
-    with pytest.raises(IdempotencyConfigurationError, match="IDEMPOTENCY_PARTITION_VALUE is 2049 bytes"):
+    with pytest.raises(IdempotencyConfigurationError, match=r"IDEMPOTENCY_PARTITION_VALUE='v{128}'\.\.\. \(2049"):
         load({**BASE, "IDEMPOTENCY_SORT_KEY_ATTR": "sk", "IDEMPOTENCY_PARTITION_VALUE": "v" * 2049})
 
 
@@ -209,6 +209,17 @@ def test_caller_headers_are_a_lower_cased_list_without_repeats():
     assert config.caller_headers == ("authorization", "x-api-key")
 
 
+def test_anonymous_http_callers_are_kept_apart_unless_told_to_share():
+    assert load(BASE).http_anonymous_shared is False
+    assert load({**BASE, "IDEMPOTENCY_HTTP_ANONYMOUS": "separate"}).http_anonymous_shared is False
+    assert load({**BASE, "IDEMPOTENCY_HTTP_ANONYMOUS": "Shared"}).http_anonymous_shared is True
+
+
+def test_previous_http_keys_are_consulted_until_turned_off():
+    assert load(BASE).http_previous_keys is True
+    assert load({**BASE, "IDEMPOTENCY_HTTP_PREVIOUS_KEYS": "off"}).http_previous_keys is False
+
+
 def test_caller_headers_under_http_off_fail_init_instead_of_being_ignored():
     # With HTTP handling off nothing reads them: every caller would share each key without a word.
     settings = {**BASE, "IDEMPOTENCY_CALLER_HEADERS": "Authorization", "IDEMPOTENCY_HTTP": "off"}
@@ -216,6 +227,21 @@ def test_caller_headers_under_http_off_fail_init_instead_of_being_ignored():
         load(settings)
     assert load({**settings, "IDEMPOTENCY_HTTP": "auto"}).caller_headers == ("authorization",)
     assert load({**settings, "IDEMPOTENCY_CALLER_HEADERS": " "}).http is False
+
+
+@pytest.mark.parametrize(("name", "value"), [("IDEMPOTENCY_HTTP_ANONYMOUS", "shared"),
+                                           ("IDEMPOTENCY_HTTP_ANONYMOUS", "separate"),
+                                           ("IDEMPOTENCY_HTTP_PREVIOUS_KEYS", "off"),
+                                           ("IDEMPOTENCY_HTTP_PREVIOUS_KEYS", "consult")])
+def test_http_only_settings_under_http_off_fail_init_instead_of_being_ignored(name, value):
+    settings = {**BASE, name: value, "IDEMPOTENCY_HTTP": "off"}
+    with pytest.raises(IdempotencyConfigurationError) as raised:
+        load(settings)
+    assert str(raised.value) == (f"{name} is set but IDEMPOTENCY_HTTP=off: it decides only for requests the layer "
+                                 f"handles as HTTP, so nothing would read it; unset {name}, or unset IDEMPOTENCY_HTTP "
+                                 "(auto)")
+    assert load({**settings, "IDEMPOTENCY_HTTP": "auto"}).http is True
+    assert load({**settings, name: " "}).http is False  # blank is unset
 
 
 @pytest.mark.parametrize(("name", "meant"), [

@@ -46,7 +46,7 @@ class World:
     def __init__(self) -> None:
         self.db = MemoryDynamoDB()
         self.transport = MemoryTransport(self.db)
-        self.store = DynamoDBStore(self.transport, "t", Attributes())
+        self.store = DynamoDBStore(self.transport, "t", Attributes(), key_prefix="fn")
         self.clock = Clock()
         self.runs: list[Any] = []
 
@@ -153,7 +153,7 @@ def test_a_table_that_sees_live_what_this_clock_sees_expired_is_a_claim_conflict
 
             return Record(key, INPROGRESS, int(now) - 10, int(now * 1000) - 10_000, "other", None)
 
-    cycle = Cycle(Stale(world.transport, "t", Attributes()), ttl_seconds=60, clock=world.clock)
+    cycle = Cycle(Stale(world.transport, "t", Attributes(), key_prefix="fn"), ttl_seconds=60, clock=world.clock)
     with pytest.raises(IdempotencyClaimConflictError):
         cycle.run(Invocation(LONG), KEY, world.handler())
 
@@ -203,7 +203,8 @@ def test_a_permanent_completion_failure_makes_the_environment_refuse_every_handl
                 raise DynamoDBError(operation, "AccessDeniedException", "no", status=400)
             return super().call(operation, params, deadline)
 
-    cycle = Cycle(DynamoDBStore(Denied(world.db), "t", Attributes()), ttl_seconds=60, clock=world.clock)
+    cycle = Cycle(DynamoDBStore(Denied(world.db), "t", Attributes(),
+                                key_prefix="fn"), ttl_seconds=60, clock=world.clock)
     assert cycle.run(Invocation(LONG), KEY, world.handler("done")).value == "done"
     assert cycle.environment.refusal is not None
     with pytest.raises(IdempotencyPersistenceLayerError, match="runs no more handlers"):
@@ -227,7 +228,7 @@ def test_the_precheck_reads_done_records_once_and_gives_up_for_good_on_a_denial(
 
             raise DynamoDBError(operation, "AccessDeniedException", "no", status=400)
 
-    store = DynamoDBStore(Denied(world.db), "t", Attributes())
+    store = DynamoDBStore(Denied(world.db), "t", Attributes(), key_prefix="fn")
     denied = Cycle(store, ttl_seconds=60, precheck="always")
     assert denied.precheck(Invocation(LONG), {"fn#a": None, "fn#b": None}, redelivered=True) == {}
     assert denied.environment.precheck_denied

@@ -184,7 +184,7 @@ class Workflow:
         self.db = MemoryDynamoDB()
         self.clock = Clock()
         self.transport = MemoryTransport(self.db)
-        store = DynamoDBStore(self.transport, "orders", self.config.attributes)
+        store = DynamoDBStore(self.transport, "orders", self.config.attributes, key_prefix=self.config.key_prefix)
         self.cycle = Cycle(store, 3600, clock=self.clock, min_claim_ms=self.config.in_progress_seconds * 1000,
                            wait_seconds=self.config.wait_seconds, sleep=lambda s: None)
         self.runs: list[str] = []
@@ -370,7 +370,7 @@ class Refusing(MemoryTransport):
 
 def refusing(flow: Workflow, operation: str) -> Refusing:
     transport = Refusing(flow.db, operation)
-    flow.cycle.store = DynamoDBStore(transport, "orders", flow.config.attributes)
+    flow.cycle.store = DynamoDBStore(transport, "orders", flow.config.attributes, key_prefix=flow.config.key_prefix)
     return transport
 
 

@@ -35,7 +35,8 @@ class Function:
         self.config = _config.load({**BASE, **settings})
         self.keys = KeyDeriver(self.config.key_prefix, self.config.key_jmespath, self.config.payload_jmespath)
         self.db = MemoryDynamoDB()
-        self.store = DynamoDBStore(MemoryTransport(self.db), "orders", self.config.attributes)
+        self.store = DynamoDBStore(MemoryTransport(self.db), "orders", self.config.attributes,
+                                   key_prefix=self.config.key_prefix)
         self.cycle = Cycle(self.store, 3600, precheck=self.config.batch_precheck)
         self.runs: list[str] = []  # what the handler processed (record ids, or "whole")
         self.answer: Any = None  # a batch handler's answer, when set

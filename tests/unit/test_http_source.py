@@ -79,9 +79,15 @@ def test_the_replay_marker_replaces_the_handlers_own_in_any_case():
     assert marked["headers"] == {"Idempotent-Replayed": "true"}
 
 
-def test_the_key_names_the_source_method_route_and_caller():
-    request = http.parse(V2)
-    assert http.key_material(request, "k") == ["k", "v2", "POST", "POST /orders", request.caller]
+def test_the_key_names_the_source_api_stage_method_route_and_caller():
+    request = http.parse({**V2, "requestContext": {**V2["requestContext"], "stage": "prod"}})
+    assert http.key_material(request, "k") == ["k", "v2", ["api", "prod"], "POST", "POST /orders", request.caller]
+    assert http.key_material(http.parse(REST), "k")[2] == ["api", None]
+    assert http.key_material(http.parse(ALB), "k")[2] == ["arn"]  # ALB: its target group
+    # The previous material, as versions before the API and stage counted computed it (their retries' records).
+    assert http.previous_key_material(request, "k") == ["k", "v2", "POST", "POST /orders", request.caller]
+    assert http.previous_key_material(request, "k", ("authorization",)) == [
+        "k", "v2", "POST", "POST /orders", request.caller, [None]]
 
 
 def test_caller_headers_scope_the_key_in_any_case_and_leave_it_as_it_was_when_unset():
@@ -94,3 +100,43 @@ def test_caller_headers_scope_the_key_in_any_case_and_leave_it_as_it_was_when_un
     assert http.key_material(rest, "k", ("authorization",))[-1] == [["Bearer alice"]]
     anonymous = http.parse(V2)
     assert http.key_material(anonymous, "k", ("authorization",))[-1] == [None]  # anonymous callers share a scope
+
+
+@pytest.mark.parametrize(("event", "response", "sets"), [
+    (REST, {"statusCode": 200, "headers": {"SET-COOKIE": "a=1"}}, True),
+    (REST, {"statusCode": 200, "multiValueHeaders": {"Set-Cookie": ["a=1", "b=2"]}}, True),
+    (ALB, {"statusCode": 200, "headers": {"set-cookie": "a=1"}}, True),
+    (V2, {"statusCode": 200, "cookies": ["a=1"]}, True),
+    (V2, {"statusCode": 200, "cookies": []}, False),
+    (REST, {"statusCode": 200, "cookies": ["a=1"]}, False),  # REST ignores a cookies list: nothing is set
+    (V2, {"statusCode": 200, "headers": {"X-Set-Cookie": "a=1", "Cookie": "b=2"}}, False),
+    (V2, {"headers": {"set-cookie": "a=1"}}, False),  # no statusCode: payload 2.0 sends it as the body
+    (REST, "text", False),
+])
+def test_what_sets_a_cookie(event, response, sets):
+    assert http.sets_cookie(http.parse(event), response) is sets
+
+
+def test_an_anonymous_request_names_no_caller_and_carries_no_caller_header():
+    alb = http.parse({**ALB, "headers": {"idempotency-key": "k", "authorization": "Bearer x"}})
+    assert http.anonymous(alb, ()) and http.anonymous(alb, ("cookie",))
+    assert not http.anonymous(alb, ("cookie", "authorization"))
+    assert not http.anonymous(http.parse(REST), ())  # its authorizer names the caller
+
+
+@pytest.mark.parametrize("value", ["", " ", "\t", ",", ", ", " , , ", "; ", ";", "=", "\u00a0"])
+def test_a_caller_header_sent_blank_names_no_one(value):
+    # A blank value keys a scope of its own, but every client that sends it blank shares that scope: for the cookie
+    # rule and the warning it is anonymous (a hostile review found Mallory replayed Alice's cookie through it).
+    blank = http.parse({**ALB, "headers": {"idempotency-key": "k", "authorization": value}})
+    assert http.anonymous(blank, ("authorization",))
+    named = http.parse({**ALB, "headers": {"idempotency-key": "k", "authorization": "Bearer x"}})
+    assert not http.anonymous(named, ("authorization",))
+    assert http.key_material(blank, "k", ("authorization",)) != http.key_material(named, "k", ("authorization",))
+
+
+@pytest.mark.parametrize("cookies", [[""], ["", ""], [" ", ""]])
+def test_empty_payload_2_cookies_name_no_one(cookies):
+    anonymous = {**V2, "requestContext": {**V2["requestContext"], "authorizer": None}}
+    assert http.anonymous(http.parse({**anonymous, "cookies": cookies}), ("cookie",))
+    assert not http.anonymous(http.parse({**anonymous, "cookies": ["session=alice"]}), ("cookie",))

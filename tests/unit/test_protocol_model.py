@@ -289,8 +289,8 @@ def test_the_search_finds_a_failure_answered_though_its_release_did_not_land(mon
 def test_the_search_finds_an_answer_that_is_not_the_workflows(monkeypatch: pytest.MonkeyPatch) -> None:
     settle = executor.Executor._settle
 
-    def altered(self, inv, key, owner, answer, results) -> None:
-        settle(self, inv, key, owner, answer, results)
+    def altered(self, inv, key, owner, answer, results, *rest) -> None:
+        settle(self, inv, key, owner, answer, results, *rest)
         if answer.get("Status") == durable.SUCCEEDED:
             answer["Result"] = '"other"'
 

@@ -15,7 +15,7 @@ class BrokenCredentials:
 
 
 def test_unexpected_transport_error_becomes_a_persistence_error():
-    store = DynamoDBStore(BrokenCredentials(), "orders", Attributes())
+    store = DynamoDBStore(BrokenCredentials(), "orders", Attributes(), key_prefix="fn")
     with pytest.raises(IdempotencyPersistenceLayerError) as caught:
         store.claim("fn#k", "me", 1.0, 1000, 3600)
     assert "PutItem" in str(caught.value) and "'orders'" in str(caught.value) and "RuntimeError" in str(caught.value)
@@ -59,14 +59,14 @@ def test_a_table_the_init_check_could_not_reach_says_why_when_a_claim_is_refused
     from idempotency_layer.stores.dynamodb import DynamoDBError
 
     tls = DynamoDBError("GetItem", "SSLError", "SSL validation failed for https://ddb/ certificate verify failed")
-    store = DynamoDBStore(Unreachable(tls), "orders", Attributes())
+    store = DynamoDBStore(Unreachable(tls), "orders", Attributes(), key_prefix="fn")
     store.verify()
     assert "SSLError: SSL validation failed" in lines.text  # logged at init too
     with pytest.raises(IdempotencyPersistenceLayerError) as caught:
         store.claim("fn#k", "me", 1.0, 1000, 3600)
     assert "could not be reached" in str(caught.value) and "SSLError: SSL validation failed" in str(caught.value)
     # An error outside DynamoDB's error model is named by its type alone: its text may say anything.
-    other = DynamoDBStore(Unreachable(ValueError("SECRET-TEXT")), "orders", Attributes())
+    other = DynamoDBStore(Unreachable(ValueError("SECRET-TEXT")), "orders", Attributes(), key_prefix="fn")
     other.verify()
     with pytest.raises(IdempotencyPersistenceLayerError) as caught:
         other.claim("fn#k", "me", 1.0, 1000, 3600)

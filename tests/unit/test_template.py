@@ -173,11 +173,13 @@ def test_kafka_consumer_has_a_provisioned_mapping_reporting_batch_item_failures(
     # The example exists only when a cluster is given: the function and its mapping share the condition.
     condition = template["Resources"][name].get("Condition")
     assert condition and template["Resources"][mapping_name].get("Condition") == condition
-    # Its table statement is the other functions' one (least privilege on the table); beyond it, only the
-    # secret the mapping reads.
+    # Its table statement is the SQS consumer's but for the key prefix (least privilege on the table: the
+    # prefixes' policy is tests/unit/test_policies.py's); beyond it, only the secret the mapping reads.
     _, shipments = resource_of_type(template, "AWS::Serverless::Function", CodeUri="examples/shipments/")
     statements = [s for p in fn["Policies"] for s in p["Statement"]]
-    assert statements[0] == shipments["Policies"][0]["Statement"][0]
+    theirs = shipments["Policies"][0]["Statement"][0]
+    assert {k: v for k, v in statements[0].items() if k != "Condition"} == {
+        k: v for k, v in theirs.items() if k != "Condition"}
     assert [(s["Action"], s["Resource"]) for s in statements[1:]] == [
         ("secretsmanager:GetSecretValue", {"Ref": "KafkaSecretArn"})]
 
@@ -191,15 +193,25 @@ def test_the_valkey_example_is_cfn_lint_clean_and_points_the_function_at_its_clu
     _, fn = resource_of_type(valkey, "AWS::Serverless::Function", CodeUri="../orders/")
     env = fn["Environment"]["Variables"]
     assert env["IDEMPOTENCY_STORE"] == "valkey" and "IDEMPOTENCY_TABLE" not in env
-    assert env["IDEMPOTENCY_VALKEY_URL"]["Fn::Sub"].startswith("rediss://orders:${UserPassword}@${Cache.")
+    # The user named, its password read from the secret (the function may read that one secret only), none in
+    # the environment.
+    assert env["IDEMPOTENCY_VALKEY_URL"]["Fn::Sub"].startswith("rediss://orders@${Cache.")
+    secret, _ = resource_of_type(valkey, "AWS::SecretsManager::Secret")
+    assert env["IDEMPOTENCY_VALKEY_SECRET"] == {"Ref": secret}
+    (grant,) = [s for p in fn["Policies"] for s in p["Statement"]]
+    assert (grant["Action"], grant["Resource"]) == ("secretsmanager:GetSecretValue", {"Ref": secret})
     _, user = resource_of_type(valkey, "AWS::MemoryDB::User")
-    assert user["AccessString"].split()[1] == f"~{env['IDEMPOTENCY_KEY_PREFIX']}#*"  # the layer's keys only
+    assert user["AuthenticationMode"]["Passwords"] == [
+        {"Fn::Sub": "{{resolve:secretsmanager:${" + secret + "}:SecretString:password}}"}]
+    parts = user["AccessString"].split()
+    assert [p for p in parts if p.startswith("~")] == [f"~{env['IDEMPOTENCY_KEY_PREFIX']}#*"]  # its keys only
     # Exactly the ACL tests/store/test_valkey_store.py runs the layer as.
-    assert " ".join(user["AccessString"].split()[1:]).replace("~orders#*", "~orders#*") == (
-        "~orders#* +evalsha +eval +info +cluster|slots +asking +exists +hmget +hgetall +hget +hset +hdel +del +expire")
+    assert " ".join(parts[1:]) == (
+        "resetkeys ~orders#* resetchannels -@all +evalsha +eval +info +cluster|slots +asking +exists +hmget +hgetall "
+        "+hget +hset +hdel +del +expire")
 
 
-def test_the_large_results_example_has_the_lifecycle_rule_and_the_three_object_actions() -> None:
+def test_the_large_results_example_has_the_lifecycle_rule_and_its_own_object_prefix() -> None:
     path = ROOT / "examples" / "large-results" / "template.yaml"
     cfn_lint(path)
     large = cfn_yaml.load(str(path))
@@ -207,8 +219,10 @@ def test_the_large_results_example_has_the_lifecycle_rule_and_the_three_object_a
     (rule,) = s3["LifecycleConfiguration"]["Rules"]
     assert (rule["Status"], rule["Prefix"], rule["ExpirationInDays"]) == ("Enabled", "idempotency-results/", 1)
     _, fn = resource_of_type(large, "AWS::Serverless::Function", CodeUri="../orders_api/")
-    assert "IDEMPOTENCY_LARGE_RESULTS_PREFIX" not in fn["Environment"]["Variables"]  # the default: the rule's
+    env = fn["Environment"]["Variables"]
+    # Under the rule's prefix, the function's own: the default for its IDEMPOTENCY_KEY_PREFIX, spelled out.
+    assert env["IDEMPOTENCY_LARGE_RESULTS_PREFIX"] == f"idempotency-results/{env['IDEMPOTENCY_KEY_PREFIX']}/"
     statements = fn["Policies"][0]["Statement"]
-    objects = next(s for s in statements if s["Action"][0].startswith("s3:"))
-    assert objects["Action"] == ["s3:PutObject", "s3:GetObject", "s3:DeleteObject"]
-    assert objects["Resource"]["Fn::Sub"] == "${ResultsBucket.Arn}/idempotency-results/*"
+    objects = [(s["Action"], s["Resource"]["Fn::Sub"]) for s in statements if str(s["Action"]).startswith("s3:")]
+    own = "${ResultsBucket.Arn}/idempotency-results/orders-api/*"
+    assert objects == [("s3:PutObject", own), ("s3:GetObject", own)]  # no DeleteObject: purge is the operator's

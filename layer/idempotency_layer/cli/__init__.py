@@ -6,8 +6,9 @@
     doctor [--function NAME]      check settings, table, TTL, permissions (and a deployed function)
 
 It reads the layer's own environment variables, validated as at init; options override them. Exit status:
-0 done, 1 a negative answer (no key, no record, a refusal, a failed check, a DynamoDB error, an unexpected
-error said in one line; IDEMPOTENCY_CLI_TRACEBACK=1 shows its traceback), 2 a bad setting, option or event file.
+0 done, 1 a negative answer (no key, no record, a record that fails its authentication or whose authentication
+could not be checked, a refusal, a failed check, a DynamoDB error, an unexpected error said in one line;
+IDEMPOTENCY_CLI_TRACEBACK=1 shows its traceback), 2 a bad setting, option or event file.
 The layer never imports this package, and it never imports the interceptor.
 """
 
@@ -124,7 +125,7 @@ def _run(args: Any) -> int:
         # The large-results bucket (IDEMPOTENCY_LARGE_RESULTS_BUCKET), for the results kept there, or None.
         bucket = settings.bucket(config) if args.command == "purge" or args.result else None
         if args.command == "show":
-            return _show(args, store, keys, execution, bucket)
+            return _show(args, store, keys, execution, bucket, _keys(config, env, store))
         return _purge(args, store, keys, bucket)
     except IdempotencyConfigurationError as error:
         return _fail(str(error), 2)
@@ -159,7 +160,25 @@ def _key(args: Any, config: Any) -> int:
     return 0 if facts["keys"] else 1
 
 
-def _show(args: Any, store: Any, keys: list[str], execution: str | None = None, bucket: Any = None) -> int:
+def _keys(config: Any, env: dict[str, str], store: Any) -> Any:
+    """IDEMPOTENCY_RECORD_MAC_KEY's record MAC for `store`, its keys read as init reads them (`record_mac.keyed`),
+    or the reader's error (which never holds a key); None without the setting."""
+    from ..errors import IdempotencyConfigurationError
+
+    if not config.record_mac_sources:
+        return None
+    from ..record_mac import keyed
+
+    try:
+        return keyed(config, env, store.identity)
+    except IdempotencyConfigurationError as error:
+        return str(error)
+
+
+def _show(args: Any, store: Any, keys: list[str], execution: str | None = None, bucket: Any = None,
+          mac: Any = None) -> int:
+    """Each record of `keys`; exit 1 when one is missing, fails its authentication or could not be checked
+    (`mac`: the record MAC, why its keys could not be read, or None without IDEMPOTENCY_RECORD_MAC_KEY)."""
     import time
 
     from .output import emit
@@ -171,7 +190,7 @@ def _show(args: Any, store: Any, keys: list[str], execution: str | None = None, 
         if record is None:
             missing.append(key)
         else:
-            shown.append(facts(record, time.time(), args.result, bucket))
+            shown.append(facts(record, time.time(), args.result, bucket, mac))
             if execution is not None:  # the envelope of a durable execution: does that execution hold the key?
                 shown[-1]["this_execution_owns_it"] = record.owner == execution
 
@@ -184,7 +203,14 @@ def _show(args: Any, store: Any, keys: list[str], execution: str | None = None, 
     emit({"table": store.name, "records": shown, "missing": missing}, args.json, text)
     for key in missing:
         _fail(f"no record for key {key!r} in {store.where}", 1)
-    return 1 if missing else 0
+    forged = [said for said in shown if said.get("authentic") is False]
+    for said in forged:
+        _fail(f"key {said['key']!r}: the completed record fails its authentication ({said['integrity_fault']}; "
+              "IDEMPOTENCY_RECORD_MAC_KEY): copies refuse it, and its result is not shown", 1)
+    unchecked = isinstance(mac, str) and any(said["status"] == "COMPLETED" for said in shown)
+    if unchecked:
+        _fail(f"{mac}; so the records' authentication was not checked", 1)
+    return 1 if missing or forged or unchecked else 0
 
 
 def _purge(args: Any, store: Any, keys: list[str], bucket: Any = None) -> int:

@@ -132,7 +132,10 @@ def _whole(config: Config, found: Plan) -> dict[str, Any]:
 def _request(config: Config, found: Plan) -> dict[str, Any]:
     unit = found.units[0]
     if unit.key is not None:
-        return {"key": unit.key, "fingerprint": unit.fingerprint}
+        entry = {"key": unit.key, "fingerprint": unit.fingerprint}
+        if unit.previous is not None:  # its key before the API and stage were part of keys, still read by a first run
+            entry["previous_key"] = unit.previous
+        return entry
     if found.refusal is not None and unit.refused != REQUIRED:
         return {"key": None, "reason": f"answered 400: {found.refusal}"}
     what = f"the request has no {config.key_header} header"
@@ -213,4 +216,6 @@ def text(facts: dict[str, Any]) -> list[str]:
         lines.append(f"{label}{entry['key']}{same}")
         if entry.get("fingerprint"):
             lines.append(f"{' ' * len(label)}fingerprint {entry['fingerprint']}")
+        if entry.get("previous_key"):
+            lines.append(f"previous key {entry['previous_key']} (a first run reads it: IDEMPOTENCY_HTTP_PREVIOUS_KEYS)")
     return lines

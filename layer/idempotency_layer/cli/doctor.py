@@ -251,7 +251,9 @@ class NotLambda(Exception):
     """The Lambda endpoint answered with something that is not a function's configuration."""
 
 
-def _deployed(name: str, region: str | None) -> tuple[dict[str, Any], list[dict[str, Any]], Any]:
+def _deployed(name: str, region: str | None) -> tuple[dict[str, Any], list[dict[str, Any]], Any, str | None]:
+    """The function's configuration, its event source mappings, the boto3 session that read them, and its
+    function URL's AuthType (None: no URL, or one these credentials may not read)."""
     import boto3  # only `doctor --function` needs it
 
     # boto3 reads AWS_DEFAULT_REGION only; the layer and the README name AWS_REGION too (Lambda sets both).
@@ -271,7 +273,17 @@ def _deployed(name: str, region: str | None) -> tuple[dict[str, Any], list[dict[
     mappings = _bounded(pages)
     if not all(isinstance(mapping, dict) for mapping in mappings):
         raise NotLambda("ListEventSourceMappings")
-    return configuration, mappings, session
+    return configuration, mappings, session, _url_auth(client, name)
+
+
+def _url_auth(client: Any, name: str) -> str | None:
+    """The function URL's AuthType: a hint that the function serves HTTP requests, and whether IAM names their
+    callers. Without a URL, or without lambda:GetFunctionUrlConfig, there is no hint."""
+    try:
+        auth = _bounded(lambda: client.get_function_url_config(FunctionName=name)).get("AuthType")
+    except Exception:  # ResourceNotFoundException (no URL), a denial, no answer: nothing learnt
+        return None
+    return auth if isinstance(auth, str) else None
 
 
 def _queue(session: Any, arn: str) -> tuple[dict[str, str] | None, Check | None]:
@@ -307,9 +319,11 @@ def run(args: Any, env: dict[str, str]) -> list[Check]:
     configuration: dict[str, Any] = {}
     mappings: list[dict[str, Any]] = []
     session = None
+    url_auth = None
+    variables: dict[str, str] | None = None  # doctor --function: the function's own environment variables
     if args.function:
         try:
-            configuration, mappings, session = _deployed(args.function, args.region)
+            configuration, mappings, session, url_auth = _deployed(args.function, args.region)
         except ImportError:
             return [Check("function", FAIL, "doctor --function reads the function with boto3, which is not installed",
                           "pip install boto3")]
@@ -341,7 +355,10 @@ def run(args: Any, env: dict[str, str]) -> list[Check]:
     except IdempotencyConfigurationError as error:
         return [*checks, Check("settings", FAIL, str(error), "fix the setting it names")]
     where = f"table {config.table}" if config.store == "dynamodb" else f"store {config.valkey!r}"
-    checks.append(Check("settings", PASS, f"valid: {where}, key prefix {config.key_prefix!r}, scope {config.scope}"))
+    keys, unread = record_mac_keys(config, env, variables)
+    checks.append(Check("settings", FAIL, unread, "fix the key source it names" + _AS_OPERATOR * bool(args.function))
+                  if unread else Check("settings", PASS, f"valid: {where}, key prefix {config.key_prefix!r}, scope "
+                                       f"{config.scope}{keys}"))
     checks.append(key_check(config))
     if config.disabled:
         checks.append(Check("disabled", WARN, "IDEMPOTENCY_DISABLED is true: the runtime calls the handler directly "
@@ -355,6 +372,7 @@ def run(args: Any, env: dict[str, str]) -> list[Check]:
             checks.append(following)
     else:
         checks += _deployment_checks(config, configuration, mappings, session, timeout or 3)
+        checks += _isolation_checks(config, configuration, session, url_auth)
     # Each backend's checks are imported only when the settings name it.
     if config.store == "valkey":
         from .checks import valkey
@@ -367,6 +385,33 @@ def run(args: Any, env: dict[str, str]) -> list[Check]:
     from .checks import dynamodb
 
     return checks + dynamodb.checks(config, transport) + _bucket_checks(config)
+
+
+_AS_OPERATOR = (" (doctor --function reads the keys with your credentials, not the function's role, and an env: "
+                "source from the function's environment)")
+
+
+def record_mac_keys(config: Any, env: dict[str, str], own: dict[str, str] | None) -> tuple[str, str | None]:
+    """IDEMPOTENCY_RECORD_MAC_KEY's keys read as init reads them (`record_mac.keyed`): what the settings line says
+    of them, and init's message when one cannot be read or is no key (None: they are keys). `own`: under doctor
+    --function, the function's variables: `env` is them over the operator's environment (whose credentials read a
+    secret), but an `env:` source is read from the function's variables alone, as its init reads it."""
+    if not config.record_mac_sources:
+        return "", None
+    from ..record_mac import keyed
+
+    deployed = own is not None
+    if own is not None:  # the operator's own variable of that name is not the function's
+        env = {name: value for name, value in env.items()
+               if name in own or f"env:{name}" not in config.record_mac_sources}
+    try:
+        mac = keyed(config, env, "")  # only the keys are checked: no record is read, so no store binds them
+    except IdempotencyConfigurationError as error:
+        return "", str(error)
+    stored = any(not source.startswith("env:") for source in config.record_mac_sources)
+    whose = ", read with your credentials, not the function's role" if deployed and stored else ""
+    return f"; IDEMPOTENCY_RECORD_MAC_KEY: {len(mac.key_ids)} key(s) read as init reads them{whose} (current " \
+           f"key id {mac.current})", None
 
 
 def _bucket_checks(config: Any) -> list[Check]:
@@ -405,6 +450,65 @@ def _deployment_checks(config: Any, configuration: dict[str, Any], mappings: lis
             found.append(unread._replace(name=found[0].name if found else unread.name))
         checks += found
     return checks
+
+
+def http_callers_check(config: Any, variables: dict[str, str], url_auth: str | None) -> Check | None:
+    """Whether callers no authorizer names share one scope (issue 44, R-M1.2). The layer tells an HTTP request by
+    its shape, so doctor goes by hints: a function URL without IAM auth, or IDEMPOTENCY_KEY_HEADER in the
+    function's own settings. API Gateway's authorizers are not visible to doctor. None: nothing to say."""
+    if not config.http:
+        return None
+    hints = []
+    if url_auth == "NONE":
+        hints.append("its function URL has AuthType NONE")
+    if variables.get("IDEMPOTENCY_KEY_HEADER"):
+        hints.append(f"IDEMPOTENCY_KEY_HEADER={variables['IDEMPOTENCY_KEY_HEADER']!r} is set")
+    if not hints:
+        return None
+    if config.caller_headers:
+        return Check("http callers", PASS, f"IDEMPOTENCY_CALLER_HEADERS={','.join(config.caller_headers)}: a "
+                     "request no authorizer names is scoped by those headers")
+    unseen = "" if hints[0].startswith("its function URL") else " (API Gateway's authorizers are not visible here)"
+    return Check("http callers", WARN, f"the function takes HTTP requests ({'; '.join(hints)}), and "
+                 f"IDEMPOTENCY_CALLER_HEADERS is unset: callers without an authorizer{unseen} share one scope, so "
+                 "one caller can be answered with another's stored response",
+                 "set IDEMPOTENCY_CALLER_HEADERS (e.g. Authorization) to the headers that name the caller, or put an "
+                 "authorizer in front (docs/http.md)")
+
+
+def _isolation_checks(config: Any, configuration: dict[str, Any], session: Any, url_auth: str | None) -> list[Check]:
+    """Who else the function's records are open to: other functions through its role's policy, other HTTP callers
+    through a shared scope."""
+    checks = []
+    role, arn = configuration.get("Role"), configuration["FunctionArn"].split(":")
+    if (config.store == "dynamodb" and config.table and isinstance(role, str) and role and session is not None
+            and len(arn) >= 7):
+        from .checks import dynamodb
+
+        # The table is in the function's Region and account (the layer's client uses AWS_REGION), unless named
+        # by its ARN.
+        table_arn = config.table if config.table.startswith("arn:") else (
+            f"arn:{arn[1]}:dynamodb:{arn[3]}:{arn[4]}:table/{config.table}")
+        checks.append(dynamodb.isolation_check(_simulator(session), config, role, table_arn))
+    variables = (configuration.get("Environment") or {}).get("Variables") or {}
+    callers = http_callers_check(config, variables, url_auth)
+    return checks if callers is None else [*checks, callers]
+
+
+def _simulator(session: Any) -> Any:
+    """iam:SimulatePrincipalPolicy with the operator's credentials, every page of EvaluationResults. IAM is
+    global: botocore signs for its partition's endpoint (iam.amazonaws.com, us-east-1) whatever the Region."""
+    def simulate(request: dict[str, Any]) -> list[Any]:
+        iam = _client(session, "iam")
+
+        def pages() -> list[Any]:
+            found: list[Any] = []
+            for page in iam.get_paginator("simulate_principal_policy").paginate(**request):
+                found.extend(page.get("EvaluationResults") or [])  # none: isolation_check says unreadable
+            return found
+
+        return list(_bounded(pages))
+    return simulate
 
 
 def _client_failed(error: Exception, env: Any) -> Check:

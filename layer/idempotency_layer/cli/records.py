@@ -15,6 +15,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from ..record_mac import RecordMac
     from ..stores.protocol import Record, Store
 
 
@@ -61,9 +62,13 @@ def _meaning(found: str, result: codec.Encoded | None) -> str:
     return found
 
 
-def facts(record: Record, now: float, with_result: bool, bucket: Any = None) -> dict[str, Any]:
+def facts(record: Record, now: float, with_result: bool, bucket: Any = None,
+          mac: RecordMac | str | None = None) -> dict[str, Any]:
     """What `show` says of `record`; with `with_result`, its result decoded, read (a result in the large-results
-    bucket) through `bucket`, the setting's bucket or None, as a replay reads it."""
+    bucket) through `bucket`, the setting's bucket or None, as a replay reads it. `mac`: under
+    IDEMPOTENCY_RECORD_MAC_KEY its keys (`record_mac.keyed`), or why they could not be read; None without it. A
+    completed record is then authenticated as a copy authenticates it, and the result of one that is not authentic,
+    or was not checked, is never decoded."""
     result = record.result
     data = None if result is None else result.data
     size = None if data is None else len(data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass"))
@@ -82,11 +87,40 @@ def facts(record: Record, now: float, with_result: bool, bucket: Any = None) -> 
         "result_bytes": size,
         "fingerprint": record.fingerprint,
     }
+    withheld = None if mac is None else _authenticated(shown, record, mac)
     if result is not None and result.format.startswith(codec.STORED):
         shown["result_object"] = _stored_at(result, bucket)
     if with_result:
-        shown["result"] = _decoded(result, bucket)
+        shown["result"] = {"none": withheld} if withheld else _decoded(record.key, result, bucket)
     return shown
+
+
+def _authenticated(shown: dict[str, Any], record: Record, mac: RecordMac | str) -> str | None:
+    """Add to `shown` whether `record` is authentic (`authentic`: True, False, or None when not checked), and, for
+    a live completed record that is not known to be, what copies do with it; why its result is withheld, or None."""
+    fault, unchecked = None, None
+    if record.status != COMPLETED:
+        unchecked = "an in-progress claim is not sealed (it carries no result)"
+    elif isinstance(mac, str):
+        unchecked = mac
+    else:
+        fault = mac.fault(record)
+    authentic = None if unchecked else fault is None
+    shown.update(authentic=authentic, integrity_fault=fault, authentication_not_checked=unchecked)
+    live = shown["state"] == "completed"
+    if fault is not None:
+        if live:
+            shown["meaning"] = (f"fails its authentication: {fault}; copies refuse it: HTTP 503, a batch record "
+                                "reported failed")
+        return f"withheld: the record is not authentic ({fault})"
+    if unchecked is not None and record.status == COMPLETED:
+        if live:
+            shown["meaning"] = ("its authentication was not checked here, so whether copies use it or refuse it "
+                                "(HTTP 503, a batch record reported failed) is not known")
+        return "withheld: the record's authentication was not checked"
+    if record.status != COMPLETED and record.result is not None:  # no claim of the layer's carries one
+        return "withheld: an in-progress claim carries no result of the layer's, and it is not sealed"
+    return None
 
 
 def _stored_at(result: codec.Encoded, bucket: Any) -> dict[str, Any] | None:
@@ -97,19 +131,19 @@ def _stored_at(result: codec.Encoded, bucket: Any) -> dict[str, Any] | None:
     return {"bucket": found.bucket, "key": found.object_key, "size": found.size, "sha256": found.sha256}
 
 
-def _fetched(result: codec.Encoded, bucket: Any) -> codec.Encoded | dict[str, Any]:
-    """The result a pointer stands for, read and checked as a replay reads it (the bucket's `look`), or why it
-    cannot be."""
-    fetched = readable(bucket).look(result)
+def _fetched(key: str, result: codec.Encoded, bucket: Any) -> codec.Encoded | dict[str, Any]:
+    """The result the pointer of the record of `key` stands for, read and checked as a replay reads it (the
+    bucket's `look`: a pointer outside the layer's bucket, prefix or size is not followed), or why it cannot be."""
+    fetched = readable(bucket).look(key, result)
     if isinstance(fetched, codec.Encoded):
         return fetched
     problem, code = fetched
     return {"none": f"not shown: {clean(problem)}", "error": code}
 
 
-def _decoded(result: codec.Encoded | None, bucket: Any = None) -> Any:
+def _decoded(key: str, result: codec.Encoded | None, bucket: Any = None) -> Any:
     if result is not None and result.format.startswith(codec.STORED):
-        fetched = _fetched(result, bucket)
+        fetched = _fetched(key, result, bucket)
         if isinstance(fetched, dict):
             return fetched
         result = fetched
@@ -145,6 +179,11 @@ def show_text(shown: dict[str, Any]) -> list[str]:
                                   else f"{clean(shown['result_format'])}, {shown['result_bytes'] or 0} bytes stored"),
         f"fingerprint:       {clean(shown['fingerprint'] or '-')}",
     ]
+    if "authentic" in shown:  # IDEMPOTENCY_RECORD_MAC_KEY is set
+        authentic = shown["authentic"]
+        lines.append("authentic:         " + ("yes" if authentic else f"NO: {clean(shown['integrity_fault'])}"
+                                              if authentic is False else
+                                              f"not checked: {clean(shown['authentication_not_checked'])}"))
     if "result_object" in shown:
         found = shown["result_object"]
         lines.append("result object:     " + ("a pointer this layer cannot read" if found is None else
@@ -235,8 +274,9 @@ def _url(bucket: str | None, object_key: str) -> str:
 
 def _result_object(record: Record, key: str, bucket: Any, force: bool) -> tuple[Any, dict[str, Any] | None]:
     """The pointer of the object to delete with the record (None: none), or, under `force`, what is left and why.
-    Only the object the layer writes for this record (the bucket's `owns`) is deleted: a malformed pointer, or one
-    naming any other key, refuses the purge before anything is deleted."""
+    Only the object the layer writes for this record is deleted: in the setting's bucket or one on the read
+    allow-list, `<prefix><key>/<32 hex>` (or its legacy form) of the record's owner (the bucket's `confinement` and
+    `owns`); a malformed pointer, or one naming anything else, refuses the purge before anything is deleted."""
     result = record.result
     if result is None or not result.format.startswith(codec.STORED):
         return None, None
@@ -247,10 +287,14 @@ def _result_object(record: Record, key: str, bucket: Any, force: bool) -> tuple[
     if bucket is None:
         return _left(key, force, found, f"its result is in {where}, and IDEMPOTENCY_LARGE_RESULTS_BUCKET is not set "
                                         "here, so purge cannot delete it")
-    if not bucket.owns(found, key, record.owner):
-        return _left(key, force, found, f"its result's pointer names {where}, not the object this layer writes for "
-                                        f"the record ({clean(bucket.object_key(key, record.owner or '?'))}, under "
-                                        "IDEMPOTENCY_LARGE_RESULTS_PREFIX): purge deletes no other object")
+    # Only the layer's own form, as a replay follows it (the bucket, `<prefix><key>/<32 hex>`, the size), and
+    # that run's: the record's owner.
+    problem = bucket.confinement(found, key)
+    if problem is None and not bucket.owns(found, key, record.owner):
+        problem = "its object is not the one the record's own run wrote"
+    if problem is not None:
+        return _left(key, force, found, f"pointer outside the layer's prefix: {where}: {problem}; purge deletes "
+                                        "no other object")
     return found, None
 
 

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
         headers: dict[str, list[str]]  # lower-cased names, every value
         multi: bool  # the request came with multiValueHeaders: the response must use them too (ALB requires it)
         caller: str | None  # who is calling (canonical JSON), when an authorizer, IAM, mTLS or ALB named anyone
+        origin: list[str | None]  # what it came through: the API and its stage (REST, payload 2.0); ALB's target group
 else:
     _RequestFields = namedtuple("Request", (
         "form",
@@ -60,6 +61,7 @@ else:
         "headers",
         "multi",
         "caller",
+        "origin",
     ))
 
 
@@ -159,6 +161,14 @@ def _caller(event: dict[str, Any], form: str, headers: dict[str, list[str]]) -> 
     return _canonical(found) if found else None
 
 
+def _origin(context: dict[str, Any], form: str) -> list[str | None]:
+    """The API and stage (REST, payload 2.0: a Function URL's is its url-id and `$default`), or ALB's target group,
+    the request came through: a test stage or a second API invoking the same function is another scope."""
+    if form == "alb":
+        return [_text(context["elb"].get("targetGroupArn"))]
+    return [_text(context.get("apiId")), _text(context.get("stage"))]
+
+
 def parse(event: Any) -> Request | None:
     """The HTTP request `event` is, or None when it has no HTTP source's shape."""
     if not isinstance(event, dict) or not isinstance(event.get("requestContext"), dict):
@@ -187,7 +197,7 @@ def parse(event: Any) -> Request | None:
         return None
     headers, multi = _headers(event, form)
     return Request(form, method.upper(), route, path, query, event.get("body"), headers, multi,
-                   _caller(event, form, headers))
+                   _caller(event, form, headers), _origin(context, form))
 
 
 def _bare(value: str) -> bool:
@@ -239,9 +249,18 @@ def key_header(request: Request, name: str) -> str | None:
 
 
 def key_material(request: Request, value: Any, caller_headers: tuple[str, ...] = ()) -> list[Any]:
-    """What the stored key is made of: one caller's key for one route of one source, never another caller's.
-    `caller_headers` (IDEMPOTENCY_CALLER_HEADERS, lower-cased) name the caller too: every value of each, or
-    null for one the request does not carry. Unset, the key is what it was before the setting existed."""
+    """What the stored key is made of: one caller's key for one route of one API stage (or ALB target group) of
+    one source, never another caller's. `caller_headers` (IDEMPOTENCY_CALLER_HEADERS, lower-cased) name the caller
+    too: every value of each, or null for one the request does not carry."""
+    material = previous_key_material(request, value, caller_headers)
+    material.insert(2, request.origin)  # (a list where the previous material has the method: the two never meet)
+    return material
+
+
+def previous_key_material(request: Request, value: Any, caller_headers: tuple[str, ...] = ()) -> list[Any]:
+    """What the stored key was made of before the API, stage and target group were part of it: the request's key
+    then, consulted by a first run for one TTL after the upgrade (IDEMPOTENCY_HTTP_PREVIOUS_KEYS). Unset,
+    `caller_headers` leave the key what it was before that setting existed."""
     material = [value, request.form, request.method, request.route, request.caller]
     if caller_headers:
         material.append([request.headers.get(name) for name in caller_headers])
@@ -264,14 +283,19 @@ def _response(request: Request, status: int, headers: dict[str, str], body: str)
     return response
 
 
-def problem(request: Request, status: int, detail: str, retry_after: int | None = None) -> dict[str, Any]:
-    """An application/problem+json response (RFC 9457) in the source's format; `detail` holds no event content."""
-    body = json.dumps({"type": "about:blank", "title": _TITLES.get(status, "Error"), "status": status,
-                       "detail": detail}, separators=(",", ":"))
+def problem(request: Request, status: int, detail: str, retry_after: int | None = None,
+            request_id: str | None = None) -> dict[str, Any]:
+    """An application/problem+json response (RFC 9457) in the source's format: `detail` is a generic sentence
+    (no event content, no key, prefix or setting), and `request_id` (Lambda's aws_request_id) an extension member,
+    to find the log line that says the rest."""
+    problem: dict[str, Any] = {"type": "about:blank", "title": _TITLES.get(status, "Error"), "status": status,
+                               "detail": detail}
+    if request_id:
+        problem["requestId"] = request_id
     headers = {"Content-Type": "application/problem+json"}
     if retry_after is not None:
         headers["Retry-After"] = str(max(1, retry_after))
-    return _response(request, status, headers, body)
+    return _response(request, status, headers, json.dumps(problem, separators=(",", ":")))
 
 
 def status_of(request: Request, response: Any) -> int:
@@ -295,6 +319,33 @@ def storable(request: Request, response: Any, key: str) -> bool:
         logger.warning("the handler's answer is not a response object the gateway can answer (%s): not stored, so "
                        "a retry runs the handler again", _unanswerable(response), extra=fields(key))
     return status < 500
+
+
+def anonymous(request: Request, caller_headers: tuple[str, ...]) -> bool:
+    """Whether nothing scopes the request's key to its caller: no authorizer, IAM, mTLS or ALB identity names one,
+    and it carries none of `caller_headers` (IDEMPOTENCY_CALLER_HEADERS, lower-cased) with a value that names
+    someone (a letter or digit in it). Every such caller shares one scope per key. (A blank header, or one of
+    separators alone (`,` when a header is sent twice empty, `; ` of empty cookies), keys a scope of its own, but
+    it names no one: every client that sends it so shares that scope, so a cookie set for it is not stored.)"""
+    return request.caller is None and not any(
+        _names_someone(value) for name in caller_headers for value in request.headers.get(name, ()))
+
+
+def _names_someone(value: str) -> bool:
+    return any(character.isalnum() for character in value)
+
+
+def sets_cookie(request: Request, response: Any) -> bool:
+    """Whether `response` sets a cookie: a `Set-Cookie` header in any case, in `headers` or `multiValueHeaders`,
+    or payload 2.0's `cookies` list. A value that is not a response object sets none (payload 2.0 sends it as
+    the body; REST and ALB answer it 502)."""
+    if not isinstance(response, dict) or "statusCode" not in response:
+        return False
+    for part in ("headers", "multiValueHeaders"):
+        found = response.get(part)
+        if isinstance(found, dict) and any(isinstance(name, str) and name.lower() == "set-cookie" for name in found):
+            return True
+    return request.form == "v2" and bool(response.get("cookies"))
 
 
 def _unanswerable(response: Any) -> str:
@@ -342,6 +393,14 @@ def request_key(keys: KeyDeriver, settings: Any, request: Request, event: Any) -
     """The key and fingerprint of `request`, or (None, None) when it has no key; raises HeaderError or
     IdempotencyKeyError. `settings`: the configuration (or a runner), for key_header, key_jmespath,
     payload_jmespath and caller_headers. Side-effect free: the operator CLI derives keys with it too."""
+    key, fingerprint, _ = request_keys(keys, settings, request, event)
+    return key, fingerprint
+
+
+def request_keys(keys: KeyDeriver, settings: Any, request: Request, event: Any
+                 ) -> tuple[str | None, str | None, str | None]:
+    """`request_key`'s key and fingerprint, and the request's previous key (`previous_key_material`) when
+    IDEMPOTENCY_HTTP_PREVIOUS_KEYS consults it, else None."""
     header = key_header(request, settings.key_header)
     # The header's value, else what the key expression selects; tagged, so the two never meet.
     value: list[Any] | None = None if header is None else ["header", header]
@@ -349,11 +408,14 @@ def request_key(keys: KeyDeriver, settings: Any, request: Request, event: Any) -
         selected = keys.select(event)
         value = None if is_empty(selected) else ["expression", selected]
     if value is None:
-        return None, None  # the whole-event key would make every retry new: requests carry ids
+        return None, None, None  # the whole-event key would make every retry new: requests carry ids
     key = keys.key_of(key_material(request, value, settings.caller_headers))
+    previous = (keys.key_of(previous_key_material(request, value, settings.caller_headers))
+                if settings.http_previous_keys else None)
+    previous = None if previous == key else previous  # (never, as the two materials differ: but never our own)
     if settings.payload_jmespath:
-        return key, _bound_to_path(request, keys.fingerprint(event))
-    return key, f"{digest(default_payload(request))}.http"
+        return key, _bound_to_path(request, keys.fingerprint(event)), previous
+    return key, f"{digest(default_payload(request))}.http", previous
 
 
 def _bound_to_path(request: Request, fingerprint: str | None) -> str | None:
@@ -373,7 +435,7 @@ def plan(settings: Any, keys: KeyDeriver, request: Request, event: Any) -> Plan:
     IDEMPOTENCY_REQUIRE_KEY); or no key, and it runs unguarded. Notes: the pass-through's warning, and each caller
     header a keyed request of its format comes without (once per environment and format)."""
     try:
-        key, fingerprint = request_key(keys, settings, request, event)
+        key, fingerprint, previous = request_keys(keys, settings, request, event)
     except (HeaderError, errors.IdempotencyKeyError) as error:
         return Plan(HTTP, (Unit(None),), request=request, refusal=error)
     if key is None:
@@ -392,28 +454,68 @@ def plan(settings: Any, keys: KeyDeriver, request: Request, event: Any) -> Plan:
                               "environment and format); if your callers always send it, it does not reach the "
                               "function in this format", key, once=f"caller header {request.form} {name}")
         for name in settings.caller_headers if name not in request.headers)
-    return Plan(HTTP, (Unit(key, fingerprint),), request=request, notes=notes)
+    carried = [name for name in ("Authorization", "Cookie") if name.lower() in request.headers]
+    if carried and anonymous(request, settings.caller_headers):
+        notes += (Note(logging.WARNING, f"an HTTP request carries {' and '.join(carried)} but its key is scoped to no "
+                                        "caller (no authorizer names one, and IDEMPOTENCY_CALLER_HEADERS does not "
+                                        "name the header): every caller sending the same key shares its response; if "
+                                        "the function authenticates callers by it, name it in "
+                                        "IDEMPOTENCY_CALLER_HEADERS (said once per environment, counted as "
+                                        "AnonymousScope)", key, once="anonymous scope",
+                            metric="AnonymousScope"),)
+    return Plan(HTTP, (Unit(key, fingerprint, previous=previous),), request=request, notes=notes)
 
 
-def answer(request: Request, error: errors.IdempotencyError, key: str, payload_jmespath: str | None) -> Any:
-    """The problem response for the layer's `error` about `key` (the handler did not run), said in the log; an
-    error with no HTTP answer is raised again."""
+# What an HTTP caller is told of the layer's errors: generic, so that no key, key prefix, expression or setting
+# reaches a caller who may be anyone (the log line, found by the request id, says the rest).
+_DETAILS = {
+    "mismatch": "this idempotency key was used before with another request (its method, path, query or body "
+                "differ); the request did not run",
+    "payload": "this idempotency key was used before with another request (its payload or path differ); the "
+               "request did not run",
+    "in_progress": "a request with this idempotency key is still in progress; retry it later",
+    "replay": "a request with this idempotency key ran before, but its response cannot be replayed (too large to "
+              "store, or not one the runtime could send); the request did not run again",
+    "key": "the idempotency key of this request cannot be used (see the function's log for its request id); the "
+           "request did not run",
+    "store": "the idempotency store is unavailable; the request did not run",
+}
+
+
+def refuse(request: Request, error: Exception, required: bool, key_header: str,
+           request_id: str | None = None) -> dict[str, Any]:
+    """The 400 for a request refused before anything ran (its plan's `refusal`), said in the log: a malformed key
+    header is described (it is the caller's own input); no key under IDEMPOTENCY_REQUIRE_KEY, or a key or payload
+    expression that cannot be applied, is said generically."""
+    if isinstance(error, HeaderError):
+        logger.info("%s; answered 400", error, extra=fields(None, "not_claimed"))
+        return problem(request, 400, str(error), request_id=request_id)
+    if required:
+        logger.info("%s; answered 400", error, extra=fields(None, "not_claimed"))
+        return problem(request, 400, f"the request has no {key_header} header, which this endpoint requires; it "
+                                     "did not run", request_id=request_id)
+    logger.warning("%s; answered 400", error, extra=fields(None, "not_claimed"))
+    return problem(request, 400, _DETAILS["key"], request_id=request_id)
+
+
+def answer(request: Request, error: errors.IdempotencyError, key: str, payload_jmespath: str | None,
+           request_id: str | None = None) -> Any:
+    """The problem response for the layer's `error` about `key` (the handler did not run), said in the log with
+    the error's own words; an error with no HTTP answer is raised again."""
     if isinstance(error, errors.IdempotencyPayloadMismatchError):
         logger.info("%s; answered 422", error, extra=fields(key, "mismatch"))
-        if not payload_jmespath:  # the default fingerprint: say what it covers
-            return problem(request, 422, f"key {key!r} was used before with another request (its method, "
-                           "path, query or body differ); the request did not run")
-        return problem(request, 422, str(error))
+        return problem(request, 422, _DETAILS["payload" if payload_jmespath else "mismatch"], request_id=request_id)
     if isinstance(error, errors.IdempotencyAlreadyInProgressError):
         logger.info("%s; answered 409", error, extra=fields(key, "in_progress"))
-        return problem(request, 409, str(error), retry_after=1)
+        return problem(request, 409, _DETAILS["in_progress"], retry_after=1, request_id=request_id)
     if isinstance(error, (errors.IdempotencyResultTooLargeError, errors.IdempotencyResultUndeliverableError)):
         logger.warning("%s; answered 500", error, extra=fields(key, "replay"))
-        return problem(request, 500, str(error))
+        return problem(request, 500, _DETAILS["replay"], request_id=request_id)
     if isinstance(error, errors.IdempotencyKeyError):
         logger.warning("%s; answered 400", error, extra=fields(key))
-        return problem(request, 400, str(error))
+        return problem(request, 400, _DETAILS["key"], request_id=request_id)
     if isinstance(error, (errors.IdempotencyPersistenceLayerError, errors.IdempotencyClaimConflictError)):
-        logger.error("%s", error, extra=fields(key, "store_error"))
-        return problem(request, 503, "the idempotency store is unavailable; the request did not run", retry_after=1)
+        if not getattr(error, "integrity", False):  # a record refused as not authentic was said where it was read
+            logger.error("%s; answered 503", error, extra=fields(key, "store_error"))
+        return problem(request, 503, _DETAILS["store"], retry_after=1, request_id=request_id)
     raise error

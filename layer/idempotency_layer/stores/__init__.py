@@ -40,7 +40,7 @@ def open_store(config: Config, transport: Any = None) -> Store:
     from .dynamodb.store import DynamoDBStore
 
     return DynamoDBStore(transport if transport is not None else open_transport(config), config.table,
-                         config.attributes, config.partition_value)
+                         config.attributes, config.partition_value, key_prefix=config.key_prefix)
 
 
 def open_bucket(config: Config) -> Bucket | None:
@@ -48,10 +48,15 @@ def open_bucket(config: Config) -> Bucket | None:
     request is sent and no S3 code imported without one."""
     if config.large_results_bucket is None:
         return None
+    from ..store_settings import LEGACY_PREFIX, default_results_prefix
     from .s3 import from_environment
 
+    # With the default prefix, records completed before it became per function point under the old one.
+    default = config.large_results_prefix == default_results_prefix(config.key_prefix)
     return from_environment(config.large_results_bucket, config.large_results_prefix,
-                            connect_timeout=config.connect_timeout, read_timeout=config.read_timeout)
+                            connect_timeout=config.connect_timeout, read_timeout=config.read_timeout,
+                            read_buckets=config.large_results_read_buckets,
+                            legacy_prefix=LEGACY_PREFIX if default else None)
 
 
 def readable(bucket: B | None) -> B | Unset:

@@ -23,6 +23,7 @@ from ..deadline import Deadline
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import NamedTuple, Protocol
 else:
     Protocol = object  # the interface's documentation at run time; structural for type checkers
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
         owner: str | None
         result: codec.Encoded | None  # None while in progress
         fingerprint: str | None = None  # SHA-256 of the claiming event's payload (IDEMPOTENCY_PAYLOAD_JMESPATH)
+        mac: str | None = None  # a completed record's `<key id>:<base64>` (IDEMPOTENCY_RECORD_MAC_KEY, record_mac)
 else:
     _RecordFields = namedtuple("Record", (
         "key",
@@ -52,7 +54,8 @@ else:
         "owner",
         "result",
         "fingerprint",
-    ), defaults=(None,))
+        "mac",
+    ), defaults=(None, None))
 
 
 class Record(_RecordFields):
@@ -75,6 +78,8 @@ class Store(Protocol):
     """The store as messages say it ("table 'orders-idem'", "Valkey host:6379")."""
     read_grant: str
     """What the function must be allowed for `read`, in the backend's own words (a log says it when refused)."""
+    identity: str
+    """The store a completed record's MAC binds it to (record_mac): a record copied to another store fails."""
 
     def verify(self, deadline: Deadline | None = None) -> None:
         """Check at init that the store keeps what it is given as the settings describe it (raises the layer's
@@ -87,9 +92,10 @@ class Store(Protocol):
         `deadline`: give up by then, with `IdempotencyPersistenceLayerError`."""
 
     def complete(self, key: str, owner: str, result: codec.Encoded, expires_at: int,
-                 deadline: Deadline | None = None) -> bool:
+                 deadline: Deadline | None = None, seal: Callable[[codec.Encoded], str] | None = None) -> bool:
         """Mark our claim completed with its result. False: the claim is no longer ours. `deadline`:
-        give up by then, with `IdempotencyPersistenceLayerError`."""
+        give up by then, with `IdempotencyPersistenceLayerError`. `seal`: the record's `mac` for the result it
+        is completed with (the one given, or none when the store completes without it), stored with it."""
 
     def release(self, key: str, owner: str, deadline: Deadline | None = None) -> bool:
         """Delete our claim. True: it is gone (deleted now, or already: a request sent again whose first copy
@@ -102,10 +108,12 @@ class Store(Protocol):
         """The record of `key` without its result (a consistent read), or None: whether a result this
         environment keeps in memory is still the record's. `deadline`: give up by then."""
 
-    def read(self, keys: list[str], deadline: Deadline | None = None) -> tuple[dict[str, Record], list[str]]:
+    def read(self, keys: list[str], deadline: Deadline | None = None, whole: bool = False
+             ) -> tuple[dict[str, Record], list[str]]:
         """Up to `READ_KEYS` records in one consistent read, without their results: the records read, by key (a
         key without a record, or whose item is not one, is left out), and the keys the store left unread.
-        `deadline`: give up by then."""
+        `deadline`: give up by then. `whole`: with each record's owner, result and `mac` too, so that it can be
+        authenticated (record_mac)."""
 
     def purge(self, key: str, status: str, owner: str | None) -> bool:
         """Delete the record of `key` if it still has the `status` and `owner` an operator was shown (the CLI's

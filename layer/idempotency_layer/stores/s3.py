@@ -2,13 +2,16 @@
 key and the owner token, written before the completion; the completion stores where it is, its size and SHA-256.
 
     put(key, owner, data)  -> PUT  <prefix><record key>/<owner>   (SSE-S3; S3 checks x-amz-content-sha256)
-    get(pointer)           -> GET from the pointer's bucket, then size and SHA-256 checked: a missing or different
-                              object is an error
+    get(pointer)           -> GET from the pointer's bucket (the setting's, or one on the read allow-list), at most
+                              its size read, then size and SHA-256 checked: a missing or different object is an
+                              error
     delete(object_key)     -> DELETE (purge, on `where(pointer)`; doctor's probe)
 
 A record holds a result in the bucket as `stored(pointer, format)`: the format `codec.STORED + format`, the pointer
 as JSON text. Only this module writes and reads that text (`Pointer.text`, `pointer`), and `fetch` is the one way
-back from it to the result, for replays (`keeping.Keeper.decode`) and the CLI's `show --result` alike.
+back from it to the result, for replays (`keeping.Keeper.decode`) and the CLI's `show --result` alike. A pointer is
+followed only where `confinement` finds nothing wrong (its bucket, its key, its size), even without a record MAC:
+a forged record cannot make the function read another bucket or object with its own credentials.
 
 The layer above asks a bucket, never this module, and never sees S3's types or errors: `keep` (the pointer to
 complete with), `fetch` (a replay's result, S3's failure said as the layer's store error), `located`, `look` and
@@ -88,6 +91,30 @@ def _bucket_name(name: str) -> bool:
 
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_OWNER = re.compile(r"[0-9a-f]{32}")  # the claim's owner token (cycle: 16 random bytes, hex)
+# The largest object a pointer may name: Lambda's 6 MB synchronous response, and a margin for the encoding (a
+# result is stored encoded, at most as large as the response). Larger is refused before any request.
+MAX_OBJECT_BYTES = 8 * 1024 * 1024
+
+
+def confinement(pointer: Pointer, key: str, *, bucket: str, prefix: str, legacy_prefix: str | None = None,
+                read_buckets: tuple[str, ...] = ()) -> str | None:
+    """What is wrong with following `pointer` for the record of `key`, or None: it must name `bucket` (or no
+    bucket) or one of `read_buckets`, the object `<prefix><key>/<32 lowercase hex>` (or the same under
+    `legacy_prefix`), and a size of at most MAX_OBJECT_BYTES. The problem is said without the pointer's key."""
+    if pointer.size > MAX_OBJECT_BYTES:
+        return (f"its size ({pointer.size} bytes) is over the {MAX_OBJECT_BYTES} bytes a stored result may have "
+                "(Lambda's 6 MB response and a margin)")
+    named = pointer.bucket or bucket
+    if named != bucket and named not in read_buckets:
+        return (f"it names the bucket {named!r}, which is neither IDEMPOTENCY_LARGE_RESULTS_BUCKET ({bucket!r}) nor "
+                "on IDEMPOTENCY_LARGE_RESULTS_READ_BUCKETS")
+    for base in (prefix,) if legacy_prefix is None else (prefix, legacy_prefix):
+        start = f"{base}{key}/"
+        if pointer.object_key.startswith(start) and _OWNER.fullmatch(pointer.object_key[len(start):]):
+            return None
+    return (f"its object key is not the one this layer writes for the record, {prefix}{key}/<owner: 32 hex> "
+            "(IDEMPOTENCY_LARGE_RESULTS_PREFIX, the record key, the owner)")
 
 
 def stored(pointer: Pointer, form: str) -> codec.Encoded:
@@ -105,10 +132,12 @@ def pointer(result: codec.Encoded) -> tuple[Pointer, str]:
     return Pointer.read(result.data), result.format[len(codec.STORED):]
 
 
-def fetch(bucket: Bucket | None, result: codec.Encoded, deadline: Deadline | None = None) -> codec.Encoded:
-    """The result a record's `stored` pointer stands for, read from the bucket the pointer names and checked by
-    size and SHA-256: what a replay decodes. `bucket`: the setting's (None when IDEMPOTENCY_LARGE_RESULTS_BUCKET is
-    not set). `S3Error` when it cannot be: code `Malformed`, `NoBucket`, `Missing`, `Different`, S3's own code
+def fetch(bucket: Bucket | None, key: str, result: codec.Encoded, deadline: Deadline | None = None
+          ) -> codec.Encoded:
+    """The result the `stored` pointer of the record of `key` stands for, read from the bucket the pointer names
+    and checked by size and SHA-256: what a replay decodes. `bucket`: the setting's (None when
+    IDEMPOTENCY_LARGE_RESULTS_BUCKET is not set). `S3Error` when it cannot be: code `Malformed`, `Confined` (a
+    pointer `confinement` refuses: no request is made), `NoBucket`, `Missing`, `Different`, S3's own code
     (`AccessDenied`, `NoSuchBucket`), or None (no answer); its message names the object, never its content."""
     from .. import codec
 
@@ -117,6 +146,9 @@ def fetch(bucket: Bucket | None, result: codec.Encoded, deadline: Deadline | Non
         where = f"s3://{found.bucket}/{found.object_key}" if found.bucket else found.object_key
         raise S3Error(f"the stored result is in {where}, but IDEMPOTENCY_LARGE_RESULTS_BUCKET is not set here",
                       code="NoBucket")
+    problem = bucket.confinement(found, key)
+    if problem is not None:
+        raise S3Error(f"the record's pointer to its stored result is not followed: {problem}", code="Confined")
     return codec.Encoded(form, bucket.get(found, deadline))
 
 
@@ -124,7 +156,9 @@ def _replay_error(key: str, error: S3Error) -> IdempotencyPersistenceLayerError:
     """A replay's failure to read `key`'s result from the bucket, as the layer says it."""
     if error.code == "Malformed":
         return IdempotencyPersistenceLayerError(f"the record of key {key!r} points to a stored result in a form this "
-                                                "layer cannot read")
+                                                "layer cannot read; the handler did not run", permanent=True)
+    if error.code == "Confined":
+        return IdempotencyPersistenceLayerError(f"key {key!r}: {error}; the handler did not run", permanent=True)
     if error.code == "NoBucket":
         return IdempotencyPersistenceLayerError(
             f"key {key!r} already ran and its result is in the large-results bucket, but "
@@ -141,9 +175,9 @@ def _located(result: codec.Encoded) -> Pointer | None:
         return None
 
 
-def _look(bucket: Bucket | None, result: codec.Encoded) -> codec.Encoded | tuple[str, str]:
+def _look(bucket: Bucket | None, key: str, result: codec.Encoded) -> codec.Encoded | tuple[str, str]:
     try:
-        return fetch(bucket, result)
+        return fetch(bucket, key, result)
     except S3Error as error:
         return str(error), error.code or "NoAnswer"
 
@@ -157,15 +191,15 @@ class Unset:
     def fetch(self, key: str, result: codec.Encoded, deadline: Deadline | None = None) -> codec.Encoded:
         """As `Bucket.fetch`: the layer's store error (no bucket here, or a pointer this layer does not write)."""
         try:
-            return fetch(None, result, deadline)
+            return fetch(None, key, result, deadline)
         except S3Error as error:
             raise _replay_error(key, error) from None
 
     def located(self, result: codec.Encoded) -> Pointer | None:
         return _located(result)
 
-    def look(self, result: codec.Encoded) -> codec.Encoded | tuple[str, str]:
-        return _look(None, result)
+    def look(self, key: str, result: codec.Encoded) -> codec.Encoded | tuple[str, str]:
+        return _look(None, key, result)
 
 
 UNSET = Unset()
@@ -187,11 +221,17 @@ _ATTEMPTS = 2
 class Bucket:
     def __init__(self, name: str, prefix: str, *, region: str, credentials: tuple[str, str, str | None],
                  connect_timeout: float, read_timeout: float, endpoint: str | None = None,
-                 cafile: str | None = None) -> None:
+                 cafile: str | None = None, read_buckets: tuple[str, ...] = (),
+                 legacy_prefix: str | None = None) -> None:
         from ..aws.sigv4 import Signer
 
         self.name = name
         self.prefix = prefix
+        # The buckets besides this one whose objects a pointer may name (IDEMPOTENCY_LARGE_RESULTS_READ_BUCKETS).
+        self.read_buckets = read_buckets
+        # With the default prefix, the one objects had before it became per function: read for records completed
+        # before the upgrade (`<legacy><record key>/<owner>`), never written.
+        self.legacy_prefix = legacy_prefix
         self.timeouts = (connect_timeout, read_timeout)
         self.cafile = cafile
         self._signer = Signer(*credentials, region, "s3")
@@ -208,9 +248,14 @@ class Bucket:
         self._context: Any = None
 
     def named(self, name: str) -> Bucket:
-        """This bucket's client for another bucket (a pointer written before the setting changed)."""
+        """This bucket's client for another bucket (a pointer written before the setting changed); `S3Error`
+        (code `Confined`) for a name that is no bucket name the setting could have."""
         if name == self.name:
             return self
+        from ..store_settings import reachable_bucket
+
+        if not reachable_bucket(name):
+            raise S3Error("the pointer names no S3 bucket this layer can reach", code="Confined")
         other = Bucket.__new__(Bucket)
         other.__dict__.update(self.__dict__)
         other.name = name
@@ -221,31 +266,64 @@ class Bucket:
         return other
 
     def where(self, pointer: Pointer) -> Bucket:
-        """The client of the bucket `pointer` names: where a replay reads it and purge deletes it."""
-        return self.named(pointer.bucket or self.name)
+        """The client of the bucket `pointer` names, this one or one on the read allow-list: where a replay reads it
+        and purge deletes it; `S3Error` (code `Confined`) for any other."""
+        name = pointer.bucket or self.name
+        if name != self.name and name not in self.read_buckets:
+            raise S3Error(f"the pointer names the bucket {name!r}, which is neither IDEMPOTENCY_LARGE_RESULTS_BUCKET "
+                          "nor on IDEMPOTENCY_LARGE_RESULTS_READ_BUCKETS", code="Confined")
+        return self.named(name)
+
+    def confinement(self, pointer: Pointer, key: str) -> str | None:
+        """What is wrong with following `pointer` for the record of `key` (module `confinement`), or None."""
+        return confinement(pointer, key, bucket=self.name, prefix=self.prefix, legacy_prefix=self.legacy_prefix,
+                           read_buckets=self.read_buckets)
 
     def object_key(self, key: str, owner: str) -> str:
         return f"{self.prefix}{key}/{owner}"
 
+    def object_keys(self, key: str, owner: str) -> tuple[str, ...]:
+        """The keys the object of the record of `key` that `owner` completed may have: `object_key`, and with the
+        default prefix the one written before it became per function."""
+        own = self.object_key(key, owner)
+        if self.legacy_prefix is None or self.legacy_prefix == self.prefix:
+            return (own,)
+        return own, f"{self.legacy_prefix}{key}/{owner}"
+
     def owns(self, pointer: Pointer, key: str, owner: str | None) -> bool:
         """Whether `pointer` names the object the layer writes for the record of `key` that `owner` completed
-        (`<prefix><key>/<owner>`, in whichever bucket): all that purge deletes."""
-        return owner is not None and pointer.object_key == self.object_key(key, owner)
+        (`<prefix><key>/<owner>`, or its legacy form; in whichever bucket): all that purge deletes."""
+        return owner is not None and pointer.object_key in self.object_keys(key, owner)
 
     # -- the three requests -----------------------------------------------------------------------------
 
     def put(self, key: str, owner: str, data: bytes, deadline: Deadline | None = None) -> Pointer:
-        object_key = self.object_key(key, owner)
+        return self.write(self.object_key(key, owner), data, deadline)
+
+    def write(self, object_key: str, data: bytes, deadline: Deadline | None = None) -> Pointer:
+        """`data` as the object `object_key` (a record's result by `put`; doctor's probe). One larger than
+        MAX_OBJECT_BYTES is not written (a replay would refuse its pointer): `S3Error`, no request."""
+        if len(data) > MAX_OBJECT_BYTES:
+            raise S3Error(f"the result ({len(data)} bytes) is over the {MAX_OBJECT_BYTES} bytes a stored result may "
+                          "have; not written")
         digest = hashlib.sha256(data).hexdigest()
         self._request("PUT", object_key, data, deadline, {"x-amz-server-side-encryption": "AES256"}, digest)
         return Pointer(object_key, len(data), digest, self.name)
 
     def get(self, pointer: Pointer, deadline: Deadline | None = None) -> bytes:
-        """The object `pointer` names, from the bucket it names, checked by size and SHA-256."""
+        """The object `pointer` names, from the bucket it names (`where`), checked by size and SHA-256: one over
+        MAX_OBJECT_BYTES is refused before any request, an answer whose Content-Length is not the size before its
+        body is read, and no more than size + 1 bytes of a body are read."""
+        if pointer.size > MAX_OBJECT_BYTES:
+            raise S3Error(f"the pointer's size ({pointer.size} bytes) is over the {MAX_OBJECT_BYTES} bytes a stored "
+                          "result may have", code="Confined")
         bucket = self.where(pointer)
         if bucket is not self:
             return bucket.get(pointer, deadline)
-        status, body = self._request("GET", pointer.object_key, b"", deadline)
+        status, body = self._request("GET", pointer.object_key, b"", deadline, expect=pointer.size)
+        if status == _LENGTH_DIFFERS:
+            raise S3Error(f"the stored result s3://{self.name}/{pointer.object_key} is not the one written (S3 "
+                          f"announced another length than the {pointer.size} bytes expected)", code="Different")
         if status == 404:
             raise S3Error(f"the stored result s3://{self.name}/{pointer.object_key} is missing", code="Missing")
         if len(body) != pointer.size or hashlib.sha256(body).hexdigest() != pointer.sha256:
@@ -271,7 +349,7 @@ class Bucket:
         """The result the record of `key` points to, read where the pointer says and checked (`fetch`); the layer's
         store error, as a replay says it, when it cannot be."""
         try:
-            return fetch(self, result, deadline)
+            return fetch(self, key, result, deadline)
         except S3Error as error:
             raise _replay_error(key, error) from None
 
@@ -279,10 +357,11 @@ class Bucket:
         """The pointer a record's stored result holds, or None for one this layer does not write."""
         return _located(result)
 
-    def look(self, result: codec.Encoded) -> codec.Encoded | tuple[str, str]:
-        """The result a pointer stands for, read and checked as a replay reads it; or why not: what S3 (or the
-        check) said, and its code (`Malformed`, `Missing`, `Different`, S3's own, or `NoAnswer`)."""
-        return _look(self, result)
+    def look(self, key: str, result: codec.Encoded) -> codec.Encoded | tuple[str, str]:
+        """The result the pointer of the record of `key` stands for, read and checked as a replay reads it (a
+        pointer `confinement` refuses is not followed); or why not: what S3 (or the check) said, and its code
+        (`Malformed`, `Confined`, `Missing`, `Different`, S3's own, or `NoAnswer`)."""
+        return _look(self, key, result)
 
     def discard(self, pointer: Pointer, deadline: Deadline | None = None) -> None:
         """Delete the object `pointer` names, in the bucket it names (`where`); the layer's store error, in S3's
@@ -306,7 +385,10 @@ class Bucket:
         return http.client.HTTPSConnection(self.host, timeout=min(self.timeouts[0], seconds), context=self._context)
 
     def _request(self, method: str, object_key: str, body: bytes, deadline: Deadline | None,
-                 extra: dict[str, str] | None = None, digest: str | None = None) -> tuple[int, bytes]:
+                 extra: dict[str, str] | None = None, digest: str | None = None, *, expect: int | None = None
+                 ) -> tuple[int, bytes]:
+        """The answer's status and body (`expect`: the size a 2xx body must have; an answer announcing another
+        Content-Length is `_LENGTH_DIFFERS`, its body unread, and at most `expect` + 1 bytes are read)."""
         path = f"{self.base}/{quote(object_key, safe='/-_.~')}"
         headers = {"Host": self.host, "x-amz-content-sha256": digest or hashlib.sha256(body).hexdigest(),
                    **(extra or {})}
@@ -331,7 +413,7 @@ class Bucket:
                 sent = True
                 conn.request(method, path, body=body or None, headers=signed)
                 response = conn.getresponse()
-                answer = response.read()
+                answer = _body(response, expect)
                 if fired:  # cut at the attempt's end (http.client may take the cut for the end of the headers)
                     raise TimeoutError("the answer did not arrive within the attempt's time")
             except OSError as error:  # refused, reset, timed out, TLS; http.client's errors are OSErrors too
@@ -347,7 +429,8 @@ class Bucket:
                 conn.close()
             status = response.status
             if status < 300:
-                return status, answer
+                return (status, answer) if answer is not None else (_LENGTH_DIFFERS, b"")
+            answer = answer or b""
             code = _code(answer)
             # A 404 is an object that is not there only when S3 says so (NoSuchKey): a bucket that is gone, or a
             # path no S3 serves, is a failure (S3 answers a DELETE of a missing object 204).
@@ -358,6 +441,21 @@ class Bucket:
             raise S3Error(f"S3 {method} s3://{self.name}/{object_key} failed: HTTP {status} {code}", code=code,
                           uncertain=status >= 500)
         raise AssertionError("unreachable")
+
+
+_LENGTH_DIFFERS = -1  # `_request`'s status for a body announced at another length than expected
+_ANSWER_BYTES = 1024 * 1024  # what is read of any other answer (an error's XML, a PUT's empty body)
+
+
+def _body(response: Any, expect: int | None) -> bytes | None:
+    """What is read of an answer: at most `expect` + 1 bytes of a 2xx body whose Content-Length, if any, is
+    `expect` (None, unread, when it is another); at most _ANSWER_BYTES of any other."""
+    if expect is None or response.status >= 300:
+        return bytes(response.read(_ANSWER_BYTES))
+    length = response.getheader("Content-Length")
+    if length is not None and length.strip() != str(expect):
+        return None
+    return bytes(response.read(expect + 1))
 
 
 def _endpoint_root(path: str) -> str:
@@ -395,9 +493,11 @@ def _code(answer: bytes) -> str:
     return code.decode("ascii") if re.fullmatch(rb"[A-Za-z0-9_.-]{1,64}", code) else "?"
 
 
-def from_environment(name: str, prefix: str, *, connect_timeout: float, read_timeout: float) -> Bucket:
+def from_environment(name: str, prefix: str, *, connect_timeout: float, read_timeout: float,
+                     read_buckets: tuple[str, ...] = (), legacy_prefix: str | None = None) -> Bucket:
     """The bucket as the function's environment reaches it: AWS_REGION, the credentials Lambda sets, and
-    AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL for a local S3; the CA bundle the DynamoDB client trusts."""
+    AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL for a local S3; the CA bundle the DynamoDB client trusts.
+    `read_buckets` and `legacy_prefix`: what else a pointer may name (`Bucket`)."""
     from ..aws.environment import ca_bundle, function_credentials
 
     # Lambda's environment, else (the CLI) botocore's chain; with none, empty ones, which S3 refuses.
@@ -407,7 +507,8 @@ def from_environment(name: str, prefix: str, *, connect_timeout: float, read_tim
     try:
         return Bucket(name, prefix, region=region, credentials=(access, secret, token),
                       connect_timeout=connect_timeout, read_timeout=read_timeout, endpoint=endpoint,
-                      cafile=ca_bundle(os.environ) if not (endpoint or "").startswith("http:") else None)
+                      cafile=ca_bundle(os.environ) if not (endpoint or "").startswith("http:") else None,
+                      read_buckets=read_buckets, legacy_prefix=legacy_prefix)
     except ValueError as error:  # the endpoint: said as the setting's error, init fails (the CLI: exit 2)
         from ..errors import IdempotencyConfigurationError
 

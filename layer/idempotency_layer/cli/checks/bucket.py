@@ -16,15 +16,15 @@ def checks(bucket: Any) -> list[Check]:
     """PutObject, GetObject and DeleteObject on a probe object, as the layer and the CLI's purge make them."""
     from ...stores.s3 import S3Error
 
-    probe = f"doctor-probe-{os.urandom(8).hex()}"
-    where = f"s3://{bucket.name}/{bucket.prefix}"
-    fix = (f"grant the function's role s3:PutObject, s3:GetObject and s3:DeleteObject on arn:aws:s3:::{bucket.name}/"
-           f"{bucket.prefix}* (and the bucket must exist in this Region)")
+    probe = f"{bucket.prefix}doctor-probe-{os.urandom(8).hex()}"  # under the function's own prefix
+    where = f"s3://{bucket.name}/"
+    fix = (f"grant the function's role s3:PutObject and s3:GetObject on arn:aws:s3:::{bucket.name}/"
+           f"{bucket.prefix}*, and the operator s3:DeleteObject there (and the bucket must exist in this Region)")
     rows = []
     pointer = None
     try:
-        pointer = bucket.put(probe, "doctor", b"idempotency-layer doctor probe")
-        rows.append(Check("large results PutObject", PASS, f"{where}{probe}/doctor (SSE-S3)"))
+        pointer = bucket.write(probe, b"idempotency-layer doctor probe")
+        rows.append(Check("large results PutObject", PASS, f"{where}{probe} (SSE-S3)"))
         bucket.get(pointer)
         rows.append(Check("large results GetObject", PASS, "read back, size and SHA-256 as written"))
         bucket.delete(pointer.object_key)
@@ -40,6 +40,6 @@ def checks(bucket: Any) -> list[Check]:
         try:
             bucket.delete(pointer.object_key)
         except S3Error:
-            rows.append(Check("large results probe", WARN, f"{where}{probe}/doctor could not be deleted",
+            rows.append(Check("large results probe", WARN, f"{where}{probe} could not be deleted",
                               "the bucket's lifecycle rule removes it"))
     return rows

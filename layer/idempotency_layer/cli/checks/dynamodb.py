@@ -1,6 +1,7 @@
 """doctor's checks of a DynamoDB store (the default): the credentials, the table, its key schema and TTL, read
 with the layer's own DynamoDB client (it signs any JSON 1.0 operation: DescribeTable, DescribeTimeToLive); then
-the five permissions, proven with the layer's own store on a probe key that is removed again."""
+the five permissions, proven with the layer's own store on a probe key that is removed again. With
+`doctor --function`, also whether the function's role is confined to its own keys (IAM's policy simulator)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 from ... import codec
 from ...errors import IdempotencyPersistenceLayerError
 from ...stores.dynamodb import DynamoDBError
-from .check import FAIL, PASS, PROBE_SECONDS, WARN, Check
+from .check import FAIL, PASS, PROBE_SECONDS, WARN, Check, aws_failure
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -191,3 +192,95 @@ def checks(config: Any, transport: Any) -> list[Check]:
         store = open_store(config, transport)  # as the function opens it
         found += permission_checks(store, config.key_prefix)
     return found
+
+
+# The item actions the layer sends, as IAM names them: the ones a dynamodb:LeadingKeys condition must confine.
+ITEM_ACTIONS = tuple(f"dynamodb:{name}" for name in ("GetItem", "PutItem", "UpdateItem", "DeleteItem",
+                                                     "BatchGetItem"))
+# Item actions the layer never sends that still read, write or delete records by key: a role that may call them
+# on other keys reaches other functions' records as well, so they are asked about with the layer's own.
+UNSENT_ITEM_ACTIONS = tuple(f"dynamodb:{name}" for name in ("BatchWriteItem", "TransactWriteItems",
+                                                            "TransactGetItems", "ConditionCheckItem"))
+KEYED_ACTIONS = ITEM_ACTIONS + UNSENT_ITEM_ACTIONS
+# Requests that read or write many keys at once: no statement of the function's role should grant them.
+BULK_ACTIONS = tuple(f"dynamodb:{name}" for name in ("Scan", "Query", "PartiQLSelect", "PartiQLInsert",
+                                                     "PartiQLUpdate", "PartiQLDelete"))
+
+
+def outside_key(config: Any) -> tuple[str, str, str]:
+    """A leading key that is not the function's, what its own leading keys are, and the condition that confines
+    a role to them. In the sort-key layout every record shares one partition value, so another one is outside."""
+    if config.partition_value is not None:
+        own = config.partition_value
+        other = "idempotency#zz-other" if own != "idempotency#zz-other" else "idempotency#zz-another"
+        return other, repr(own), f"ForAllValues:StringEquals on dynamodb:LeadingKeys [{own!r}]"
+    prefix = config.key_prefix
+    other = "zz-other#x" if prefix != "zz-other" else "zz-another#x"
+    return other, f"{prefix}#*", f"ForAllValues:StringLike on dynamodb:LeadingKeys ['{prefix}#*']"
+
+
+def isolation_request(config: Any, role: str, table_arn: str) -> dict[str, Any]:
+    """The SimulatePrincipalPolicy request asking whether `role` may touch a key outside the function's own."""
+    return {"PolicySourceArn": role, "ActionNames": list(KEYED_ACTIONS), "ResourceArns": [table_arn],
+            "ContextEntries": [{"ContextKeyName": "dynamodb:LeadingKeys", "ContextKeyValues": [outside_key(config)[0]],
+                                "ContextKeyType": "stringList"}]}
+
+
+def unkeyed_request(role: str, table_arn: str) -> dict[str, Any]:
+    """The SimulatePrincipalPolicy request with no dynamodb:LeadingKeys at all (a context entry applies to every
+    action of a call, so this is a second call): an item action allowed here means the Null guard is missing
+    (ForAllValues holds over no values), and Scan, Query or PartiQL allowed reach every function's records."""
+    return {"PolicySourceArn": role, "ActionNames": [*KEYED_ACTIONS, *BULK_ACTIONS], "ResourceArns": [table_arn]}
+
+
+def _decisions(results: Any, actions: tuple[str, ...]) -> dict[str, str]:
+    decisions = {result["EvalActionName"]: result["EvalDecision"] for result in results}
+    if not all(isinstance(text, str) for text in (*decisions, *decisions.values())) or not (
+            set(actions) <= set(decisions)):
+        raise TypeError("EvaluationResults")
+    return decisions
+
+
+def isolation_check(simulate: Any, config: Any, role: str, table_arn: str) -> Check:
+    """Whether the function's role is confined to its own keys (issue 44, R1.5): IAM's policy simulator evaluates
+    the role's policies for each item action on a key outside them, then for each item action with no leading
+    key and for Scan, Query and PartiQL. `simulate(request)` returns the EvaluationResults of every page. The
+    operator's credentials call it; a failure is a warning, never a crash."""
+    name = "role isolation"
+    other, own, condition = outside_key(config)
+    unreadable = Check(name, WARN, "could not run: SimulatePrincipalPolicy's answer is not one this doctor can "
+                       "read", "check the endpoint (AWS_ENDPOINT_URL_IAM / AWS_ENDPOINT_URL): it should be IAM's")
+    try:
+        keyed = simulate(isolation_request(config, role, table_arn))
+        unkeyed = simulate(unkeyed_request(role, table_arn))
+    except Exception as error:  # botocore's ClientError and BotoCoreError, a call not done in time
+        if type(error).__name__ == "ResponseParserError":  # an answer came, but not IAM's: not worth a retry
+            return unreadable
+        code, kind = aws_failure(error)
+        fix = ("IAM did not answer; retry doctor" if kind == "transient" else "run doctor with credentials that "
+               "may call iam:SimulatePrincipalPolicy on the role (the function itself does not need it)")
+        return Check(name, WARN, f"could not run: iam:SimulatePrincipalPolicy on {role} failed ({code}), so "
+                     f"whether the role can reach keys outside {own} is not known", fix)
+    try:
+        outside, bare = _decisions(keyed, KEYED_ACTIONS), _decisions(unkeyed, KEYED_ACTIONS + BULK_ACTIONS)
+    except (KeyError, TypeError, AttributeError):
+        return unreadable
+    found = []
+    allowed = [action for action in KEYED_ACTIONS if outside[action] == "allowed"]
+    if allowed:
+        found.append(f"the role {role} may call {', '.join(allowed)} on keys outside {own} (IAM's policy "
+                     f"simulator allows them on {other!r}): it can read, forge or delete other functions' records "
+                     "in the table")
+    allowed = [action for action in KEYED_ACTIONS if bare[action] == "allowed"]
+    if allowed:
+        found.append(f"the role {role} may call {', '.join(allowed)} with no dynamodb:LeadingKeys: the Null "
+                     "dynamodb:LeadingKeys false guard is missing (ForAllValues holds for a request naming no key)")
+    allowed = [action for action in BULK_ACTIONS if bare[action] == "allowed"]
+    if allowed:
+        found.append(f"the role {role} may call {', '.join(allowed)} on the table: they reach every function's "
+                     "records")
+    if found:
+        return Check(name, WARN, "; ".join(found), f"confine the role's statement on the table with {condition} "
+                     "and Null dynamodb:LeadingKeys false, with no Scan, Query or PartiQL in it (docs/security.md)")
+    return Check(name, PASS, f"the role is confined to {own}: IAM's policy simulator denies every item action on "
+                 f"{other!r} or with no leading key, and Scan, Query and PartiQL")

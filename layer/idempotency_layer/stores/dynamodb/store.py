@@ -21,6 +21,7 @@ from . import CHECK_FAILED, DynamoDBError, Transport
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 _logger = logging.getLogger("idempotency_layer")
@@ -29,12 +30,19 @@ _logger = logging.getLogger("idempotency_layer")
 # type, a sort key too many or too few): the only refusals of the table check that blame the key schema.
 _SCHEMA_DIFFERS = ("does not match the schema", "One of the required keys was not given a value",
                    "The number of conditions on the keys is invalid", "Type mismatch for key")
+# What the table check reads under the function's prefix: an item that never exists (a record's key ends in 64 hex
+# digits), so the answer, not the item, says whether the table has the key schema the settings describe.
+SCHEMA_CHECK = "idempotency-layer-schema-check"
 # Answers no retry can change: the table, the role or the request is wrong.
 _PERMANENT = frozenset({
     "AccessDeniedException", "ResourceNotFoundException", "ValidationException", "UnrecognizedClientException",
     "MissingAuthenticationTokenException", "InvalidSignatureException", "KMSAccessDeniedException",
     "KMSDisabledException", "KMSNotFoundException", "KMSInvalidStateException", "SerializationException",
 })
+
+
+# The attribute a completed record's MAC is stored in (IDEMPOTENCY_RECORD_MAC_KEY); never written without it.
+MAC_ATTR = "mac"
 
 
 def _number(value: dict[str, Any] | None) -> int | None:
@@ -48,13 +56,20 @@ def _blob(value: Any) -> bytes:
 
 class DynamoDBStore:
     def __init__(
-        self, transport: Transport, table: str, attributes: Attributes, partition_value: str | None = None
+        self, transport: Transport, table: str, attributes: Attributes, partition_value: str | None = None, *,
+        key_prefix: str,
     ) -> None:
+        """`key_prefix`: the function's key prefix (IDEMPOTENCY_KEY_PREFIX), under which the table check reads too,
+        so that a role confined to its own keys (`dynamodb:LeadingKeys` of `<prefix>#*`) may make it."""
         self.transport = transport
         self.table = table
+        self.check_key = f"{key_prefix}#{SCHEMA_CHECK}"
         self.name = table
         self.where = f"table {table!r}"
         self.read_grant = f"dynamodb:BatchGetItem on table {table!r}"
+        # A table name travels with its items (global tables replicate them under it); the partition value, in the
+        # sort-key layout, is part of every record's place.
+        self.identity = f"dynamodb:{table}" + ("" if attributes.sort_key is None else f"#{partition_value}")
         self.attr = attributes
         self.partition_value = partition_value
         a = attributes
@@ -76,7 +91,7 @@ class DynamoDBStore:
         a = self.attr
         try:
             self.transport.call(
-                "GetItem", {"TableName": self.table, "Key": self._item_key("idempotency-layer#schema-check")},
+                "GetItem", {"TableName": self.table, "Key": self._item_key(self.check_key)},
                 deadline,
             )
         except DynamoDBError as error:
@@ -100,7 +115,8 @@ class DynamoDBStore:
             if error.code in ("AccessDeniedException", "UnrecognizedClientException"):
                 raise IdempotencyConfigurationError(
                     f"IDEMPOTENCY_TABLE={self.table!r}: the function's role may not read the table; it needs "
-                    f"dynamodb:PutItem, GetItem, UpdateItem and DeleteItem on it {said}"
+                    f"dynamodb:PutItem, GetItem, UpdateItem and DeleteItem on it, on this function's keys (the check "
+                    f"reads key {self.check_key!r}) {said}"
                 ) from None
             self._unverified = f"{error.code}: {error.message}"
         except Exception as error:
@@ -189,10 +205,15 @@ class DynamoDBStore:
             result = codec.Encoded(form, data)
         owner = item.get(a.owner)
         fingerprint = item.get(a.payload_hash)
+        mac = item.get(MAC_ATTR)
         owner = None if owner is None else owner["S"]
         fingerprint = None if fingerprint is None else fingerprint["S"]
         if not isinstance(owner, (str, type(None))) or not isinstance(fingerprint, (str, type(None))):
             raise TypeError("owner or fingerprint")
+        if mac is not None:
+            mac = mac["S"]
+            if not isinstance(mac, str):
+                raise TypeError("mac")
         return Record(
             key=key,
             status=status,
@@ -201,6 +222,7 @@ class DynamoDBStore:
             owner=owner,
             result=result,
             fingerprint=fingerprint,
+            mac=mac,
         )
 
     # -- the protocol -----------------------------------------------------------------------------------
@@ -250,7 +272,7 @@ class DynamoDBStore:
         return None
 
     def complete(self, key: str, owner: str, result: codec.Encoded, expires_at: int,
-                 deadline: Deadline | None = None) -> bool:
+                 deadline: Deadline | None = None, seal: Callable[[codec.Encoded], str] | None = None) -> bool:
         a = self.attr
         names = {"#s": a.status, "#e": a.expires_at, "#o": a.owner, "#f": a.result_format, "#r": a.result}
         values: dict[str, Any] = {
@@ -259,10 +281,14 @@ class DynamoDBStore:
             ":me": {"S": owner},
             ":fmt": {"S": result.format},
         }
+        sets = "SET #s = :completed, #e = :exp, #f = :fmt"
+        if seal is not None:
+            names["#m"], values[":mac"] = MAC_ATTR, {"S": seal(result)}
+            sets += ", #m = :mac"
         if result.data is None:
-            update = "SET #s = :completed, #e = :exp, #f = :fmt REMOVE #r"
+            update = sets + " REMOVE #r"
         else:
-            update = "SET #s = :completed, #e = :exp, #f = :fmt, #r = :result"
+            update = sets + ", #r = :result"
             data = result.data
             if codec.is_binary(result.format):
                 values[":result"] = {"B": data if isinstance(data, bytes) else data.encode()}
@@ -287,7 +313,7 @@ class DynamoDBStore:
             if result.data is None or not too_big:
                 raise
             # Our size estimate was off; completing without the result still keeps the handler from rerunning.
-            return self.complete(key, owner, codec.Encoded(codec.TOO_LARGE, None), expires_at, deadline)
+            return self.complete(key, owner, codec.Encoded(codec.TOO_LARGE, None), expires_at, deadline, seal)
         return True
 
     def release(self, key: str, owner: str, deadline: Deadline | None = None) -> bool:
@@ -352,7 +378,8 @@ class DynamoDBStore:
         item = self._call("GetItem", key, params, deadline).get("Item")
         return None if item is None else dict(item)
 
-    def read(self, keys: list[str], deadline: Deadline | None = None) -> tuple[dict[str, Record], list[str]]:
+    def read(self, keys: list[str], deadline: Deadline | None = None, whole: bool = False
+             ) -> tuple[dict[str, Record], list[str]]:
         a = self.attr
         if not 0 < len(keys) <= READ_KEYS:
             raise ValueError(f"a read takes 1 to {READ_KEYS} keys, not {len(keys)}")
@@ -361,6 +388,8 @@ class DynamoDBStore:
         # table could not read: https://docs.aws.amazon.com/amazondynamodb/latest/APIReference/API_BatchGetItem.html)
         # and a batch record does not replay.
         wanted = [a.key, a.status, a.expires_at, a.payload_hash] + ([a.sort_key] if a.sort_key else [])
+        if whole:  # what a record's MAC covers: a batch record's result is none, so this adds little
+            wanted += [a.owner, a.result_format, a.result, MAC_ATTR]
         names = {f"#a{i}": name for i, name in enumerate(wanted)}
         params = {"RequestItems": {self.table: {
             "Keys": [self._item_key(key) for key in keys],

@@ -4,6 +4,7 @@ A record is one hash under its key (so one hash slot in cluster mode), with the 
 
     s  INPROGRESS | COMPLETED        e  expires at (epoch s)        u  claim lasts until (epoch ms)
     o  owner token                   h  payload fingerprint         f  result format    r  result
+    mac  a completed record's MAC (IDEMPOTENCY_RECORD_MAC_KEY), set with its status
 
 Every write is one Lua script, run atomically by the server, and every write after a claim is conditioned on
 the owner token, as the DynamoDB store's condition expressions are. A claim takes a record over only when the
@@ -27,6 +28,7 @@ from .client import Client, ValkeyError
 
 TYPE_CHECKING = False  # typing costs ~2 ms of init: imported only by type checkers
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
     from ...deadline import Deadline
@@ -58,12 +60,14 @@ redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('EXPIRE', KEYS[1], ARGV[7])
 return 0
 """
-# ARGV: owner, expires at (s), format, "1" with a result or "0", the result, cleanup in (s).
+# ARGV: owner, expires at (s), format, "1" with a result or "0", the result, cleanup in (s), the MAC or "".
 COMPLETE = """
 if redis.call('HGET', KEYS[1], 'o') ~= ARGV[1] then return 0 end
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 if ARGV[4] == '1' then redis.call('HSET', KEYS[1], 'r', ARGV[5]) else redis.call('HDEL', KEYS[1], 'r') end
-redis.call('HSET', KEYS[1], 's', 'COMPLETED', 'e', ARGV[2], 'f', ARGV[3])
+local done = {'s', 'COMPLETED', 'e', ARGV[2], 'f', ARGV[3]}
+if ARGV[7] ~= '' then done[7], done[8] = 'mac', ARGV[7] end
+redis.call('HSET', KEYS[1], unpack(done))
 return 1
 """
 # ARGV: owner. 1: deleted; 2: nothing there (gone already); 0: another owner's record, left alone.
@@ -88,6 +92,7 @@ _NOT_RUN = frozenset({"NOPERM", "NOAUTH", "WRONGPASS", "OOM", "WRONGTYPE", "BUSY
                       "CLUSTERDOWN", "MASTERDOWN", "READONLY", "MOVED", "ASK", "CROSSSLOT", "NOREPLICAS",
                       "NOSCRIPT", "SECRET"})
 _READ = ("s", "e", "h")
+_READ_WHOLE = ("s", "e", "h", "o", "f", "r", "mac")  # what a record's MAC covers too
 
 
 class Script:
@@ -120,6 +125,8 @@ class ValkeyStore:
         self.name = client.endpoint
         self.where = f"Valkey {client.endpoint}"
         self.read_grant = "the hmget command (+hmget)"
+        # Its database, not its endpoint: an endpoint may be renamed (or reached by another name) and keep its data.
+        self.identity = f"valkey:{client.url.db}"
         self._unverified: str | None = None
 
     # -- the server --------------------------------------------------------------------------------------
@@ -212,7 +219,7 @@ class ValkeyStore:
                 result = codec.Encoded(form, data)
             return Record(key=key, status=status, expires_at=int(fields_["e"]),
                           in_progress_until=None if until is None else int(until), owner=_text(fields_.get("o")),
-                          result=result, fingerprint=_text(fields_.get("h")))
+                          result=result, fingerprint=_text(fields_.get("h")), mac=_text(fields_.get("mac")))
         except (KeyError, TypeError, ValueError, UnicodeDecodeError):
             raise IdempotencyPersistenceLayerError(
                 f"Valkey {self.name} holds under key {key!r} a value that is not an idempotency record (fields s, e "
@@ -250,10 +257,10 @@ class ValkeyStore:
             raise IdempotencyPersistenceLayerError(str(error), uncertain=True) from None
 
     def complete(self, key: str, owner: str, result: codec.Encoded, expires_at: int,
-                 deadline: Deadline | None = None) -> bool:
+                 deadline: Deadline | None = None, seal: Callable[[codec.Encoded], str] | None = None) -> bool:
         data = result.data
         args = [owner, expires_at, result.format, "0" if data is None else "1", b"" if data is None else data,
-                _cleanup_in(expires_at, time.time())]
+                _cleanup_in(expires_at, time.time()), "" if seal is None else seal(result)]
         answer = self._call("complete", key, lambda: _COMPLETE.run(self.client, key, args, deadline), write=True)
         return bool(_expected(answer, (0, 1), "complete", key))
 
@@ -285,7 +292,8 @@ class ValkeyStore:
         found = {name: value for name, value in zip(names, answer, strict=True) if value is not None}
         return self._record(key, found, with_result=with_result) if found else None
 
-    def read(self, keys: list[str], deadline: Deadline | None = None) -> tuple[dict[str, Record], list[str]]:
+    def read(self, keys: list[str], deadline: Deadline | None = None, whole: bool = False
+             ) -> tuple[dict[str, Record], list[str]]:
         """The records of `keys` without results, one pipelined request per node; a key whose node moved, or whose
         value is not a record, is left to its claim (unprocessed, or absent)."""
         if not 0 < len(keys) <= READ_KEYS:
@@ -295,8 +303,9 @@ class ValkeyStore:
             by_node.setdefault(self.client.node(key), []).append(key)
         records: dict[str, Record] = {}
         unprocessed: list[str] = []
+        names = _READ_WHOLE if whole else _READ
         for node, group in by_node.items():
-            commands = [("HMGET", key, *_READ) for key in group]
+            commands = [("HMGET", key, *names) for key in group]
             answers = self._call("HMGET", None, lambda commands=commands, node=node: self.client.pipeline(
                 commands, deadline, node), len(group))
             for key, answer in zip(group, answers, strict=True):
@@ -307,7 +316,7 @@ class ValkeyStore:
                             self.client.learn(str(answer))
                     continue
                 try:
-                    record = self._fields(key, _READ, answer, with_result=False)
+                    record = self._fields(key, names, answer, with_result=whole)
                 except IdempotencyPersistenceLayerError:
                     continue  # not a record: the claim judges it
                 if record is not None:
