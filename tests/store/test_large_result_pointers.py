@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import socket
-import threading
 from typing import Any
 
 import pytest
@@ -24,6 +23,7 @@ from idempotency_layer.errors import IdempotencyPersistenceLayerError
 from idempotency_layer.invocation import Invocation
 from idempotency_layer.stores.s3 import MAX_OBJECT_BYTES, Bucket, Pointer, stored
 from tests.support.counting_proxy import CountingProxy
+from tests.support.raw_server import RawServer, read_head
 
 LONG = 60_000
 CREDENTIALS = ("AKIDEXAMPLE", "secret", None)
@@ -127,7 +127,7 @@ def test_a_pointer_to_a_bucket_on_the_read_allow_list_is_read(store: Any, counte
     assert raised.value.permanent and handler.calls == 1 and proxy.total() == 0 and proxy.bytes_sent == 0
 
 
-class Announcing:
+class Announcing(RawServer):
     """An S3 stand-in on loopback that answers every GET 200 with `length` as its Content-Length (None: chunked,
     no length) and then `body`; it counts the requests it got and the body bytes it could send."""
 
@@ -135,41 +135,19 @@ class Announcing:
         self.length, self.body = length, body
         self.requests = 0
         self.sent = 0
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.endpoint = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.open: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(self._answer)
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            self.open.append(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        try:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                data += conn.recv(65536)
-            self.requests += 1
-            head = (f"Content-Length: {self.length}" if self.length is not None else "Transfer-Encoding: chunked")
-            conn.sendall(f"HTTP/1.1 200 OK\r\n{head}\r\nConnection: close\r\n\r\n".encode())
-            for i in range(0, len(self.body), 65536):
-                part = self.body[i:i + 65536]
-                conn.sendall(b"%x\r\n%s\r\n" % (len(part), part) if self.length is None else part)
-                self.sent += len(part)
-            if self.length is None:
-                conn.sendall(b"0\r\n\r\n")
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        self.listener.close()
-        for conn in self.open:
-            conn.close()
+    def _answer(self, conn: socket.socket) -> None:
+        read_head(conn)
+        self.requests += 1
+        head = (f"Content-Length: {self.length}" if self.length is not None else "Transfer-Encoding: chunked")
+        conn.sendall(f"HTTP/1.1 200 OK\r\n{head}\r\nConnection: close\r\n\r\n".encode())
+        for i in range(0, len(self.body), 65536):
+            part = self.body[i:i + 65536]
+            conn.sendall(b"%x\r\n%s\r\n" % (len(part), part) if self.length is None else part)
+            self.sent += len(part)
+        if self.length is None:
+            conn.sendall(b"0\r\n\r\n")
 
 
 def test_an_answer_of_another_length_than_the_pointers_is_refused(store: Any) -> None:

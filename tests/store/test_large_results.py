@@ -16,6 +16,7 @@ from idempotency_layer.cycle import Cycle
 from idempotency_layer.errors import IdempotencyPersistenceLayerError, IdempotencyResultTooLargeError
 from idempotency_layer.invocation import Invocation
 from idempotency_layer.stores.s3 import Bucket
+from tests.support.raw_server import RawServer, read_head
 
 LONG = 60_000
 CREDENTIALS = ("AKIDEXAMPLE", "secret", None)
@@ -131,49 +132,17 @@ def test_an_object_whose_completion_never_landed_is_left_to_the_lifecycle_rule(s
     assert keys == sorted([f"idempotency-results/fn#killed/{owner}", "idempotency-results/fn#killed/dead-owner"])
 
 
-class Trickle:
-    """An HTTP server that reads a request, then answers it a few bytes at a time (never a socket timeout)."""
-
-    def __init__(self) -> None:
-        import socket
-        import threading
-
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.endpoint = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.open: list[Any] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        import threading
-
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            self.open.append(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: Any) -> None:
-        try:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                data += conn.recv(65536)
-            answer = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nx-padding: " + b"x" * 400 + b"\r\n\r\n"
-            for i in range(0, len(answer), 8):
-                conn.sendall(answer[i:i + 8])
-                time.sleep(0.25)
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        self.listener.close()
-        for conn in self.open:
-            conn.close()
+def _trickle(conn: Any) -> None:
+    """Read a request, then answer it a few bytes at a time (never a socket timeout)."""
+    read_head(conn)
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nx-padding: " + b"x" * 400 + b"\r\n\r\n"
+    for i in range(0, len(answer), 8):
+        conn.sendall(answer[i:i + 8])
+        time.sleep(0.25)
 
 
 def test_an_s3_that_answers_a_few_bytes_at_a_time_is_given_up_by_the_deadline(store: Any) -> None:
-    trickle = Trickle()
+    trickle = RawServer(_trickle)
     try:
         slow = Bucket("b", "p/", region="us-east-1", credentials=CREDENTIALS, connect_timeout=2, read_timeout=3,
                       endpoint=trickle.endpoint)

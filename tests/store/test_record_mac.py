@@ -10,9 +10,7 @@ import base64
 import importlib
 import json
 import os
-import socket
 import sys
-import threading
 import time
 from typing import Any
 
@@ -27,6 +25,7 @@ from idempotency_layer.stores.protocol import COMPLETED
 from tests.support.events import json_message, sqs_event
 from tests.support.http_events import v2
 from tests.support.inprocess import Context
+from tests.support.raw_server import RawServer
 
 KEYS = {"MAC_KEY_NEW": os.urandom(32).hex(), "MAC_KEY_OLD": os.urandom(24).hex()}
 FORGED = {"charged": 0, "refund_to": "attacker-iban"}
@@ -135,34 +134,10 @@ def test_a_forged_http_redirect_with_a_cookie_is_answered_503(interceptor, store
     assert "attacker" not in caplog.text and "evil" not in caplog.text
 
 
-class Listener:
-    """A TCP listener on loopback standing for S3: it counts the connections made to it and closes each."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.accepted = 0
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            conn.close()
-
-    def close(self) -> None:
-        self.sock.close()
-        self.thread.join(5)
-
-
 @pytest.fixture
 def s3(monkeypatch):
-    listener = Listener()
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{listener.port}")
+    listener = RawServer(lambda conn: conn.close())  # standing for S3: it counts the connections made to it
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", listener.endpoint)
     monkeypatch.setenv("AWS_REGION", "us-east-1")
     yield listener
     listener.close()
